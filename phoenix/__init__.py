@@ -1,0 +1,38 @@
+"""Phoenix: vendor-agnostic direct-storage I/O between files and accelerator memory.
+
+Quick start (KvikIO-like)::
+
+    import phoenix
+    with phoenix.open("/data/kv.bin", "r") as f:
+        n = f.read(tensor)                 # blocking; f.pread(...) returns a future
+
+The vendor is chosen at run time by ``PHX_VENDOR`` (``auto`` by default: the first
+usable accelerator, else the ``host`` reference vendor). ``phx info`` tells what is
+selected and why. Settings: :mod:`phoenix.settings`.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .errors import PhxError, PhxIOError, VendorError  # noqa: E402
+from .registry import get_runtime, use_vendor  # noqa: E402
+
+__all__ = ["__version__", "PhxError", "PhxIOError", "VendorError", "get_runtime", "use_vendor",
+           "open", "batch", "register", "deregister", "settings"]
+
+_IO_NAMES = {"open", "batch", "register", "deregister"}
+
+
+def __getattr__(name):
+    # The I/O stack loads the C core; import it only when used, so that `phx info`
+    # and vendor discovery work (and report) even where the core cannot load.
+    if name in _IO_NAMES:
+        from . import io as _io
+
+        return getattr(_io, name)
+    if name == "settings":
+        from . import settings as _settings
+
+        return _settings
+    raise AttributeError(f"module 'phoenix' has no attribute {name!r}")

@@ -1,0 +1,30 @@
+"""Loader of the C core library (``phoenix._phxcore``), shared by the I/O stack and the host vendor.
+
+Control plane. The library is an extension module only so the package build compiles
+it and the import system locates it; it is used through ctypes (every ctypes call
+releases the GIL while it runs in C).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+
+
+@functools.lru_cache(maxsize=None)
+def core_path() -> str:
+    """Path of the compiled C core; raises ImportError with a hint if it was not built."""
+    spec = importlib.util.find_spec("phoenix._phxcore")
+    if spec is None or not spec.origin:
+        raise ImportError(
+            "phoenix's C core (phoenix._phxcore) is not built: install the package with "
+            "`pip install .` (or `pip install -e .` for development)"
+        )
+    return spec.origin
+
+
+@functools.lru_cache(maxsize=None)
+def core() -> ctypes.CDLL:
+    """The C core as a ctypes library (loaded once per process)."""
+    return ctypes.CDLL(core_path(), mode=ctypes.RTLD_GLOBAL)

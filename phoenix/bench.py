@@ -1,0 +1,424 @@
+"""``phx bench``: file <-> device-memory throughput, beside the storage limit and the peers.
+
+Benchmark side (control plane). Every phoenix figure is printed beside figures
+measured in the same run, at the same concurrency, on the same file:
+
+* ``raw_odirect``: raw O_DIRECT pread/pwrite of the file into host memory, in C (the
+  storage limit); buffered (``raw_buffered``) for warm figures.
+* ``naive``: pread a chunk into pinned host memory, synchronous copy to the device.
+* ``kvikio``: KvikIO (compat mode) where it is importable and the vendor is nvidia.
+* ``h2d_pinned``: pinned host -> device copy (the bus limit; meaningful on GPUs).
+
+CPU seconds per GB (user + system of the whole process, all threads) stand beside
+every figure. Records go to ``--json`` (a list of dicts: op, impl, vendor, warm,
+gbps, cpu_s_per_gb, threads, chunk, size, ...) and a PNG to ``--plot``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import platform
+import resource
+import socket
+import statistics
+import sys
+import time
+
+from .vendor import CopyKind, parse_size
+
+GB = 1e9
+
+
+def _cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+class Progress:
+    """One status line on stderr: [k/n] what is being measured."""
+
+    def __init__(self, total: int, quiet: bool = False):
+        self.total, self.k, self.quiet = total, 0, quiet
+        self.tty = sys.stderr.isatty()
+
+    def step(self, what: str):
+        self.k += 1
+        if self.quiet:
+            return
+        bar_len = 24
+        filled = int(bar_len * self.k / max(self.total, 1))
+        line = f"[{'#' * filled}{'.' * (bar_len - filled)}] {self.k}/{self.total} {what}"
+        sys.stderr.write(("\r\033[K" if self.tty else "") + line + ("" if self.tty else "\n"))
+        sys.stderr.flush()
+
+    def done(self):
+        if self.tty and not self.quiet:
+            sys.stderr.write("\r\033[K")
+
+
+def drop_cache(path: str) -> str:
+    """Evict the file from the page cache; returns how (for the record)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        how = "fadvise"
+    except OSError as exc:
+        return f"not dropped ({exc})"
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as fh:
+            fh.write("1\n")
+        how += "+drop_caches"
+    except OSError:
+        pass
+    return how
+
+
+def warm_cache(path: str, size: int) -> None:
+    """Read the file once, buffered, so it sits in the page cache."""
+    with open(path, "rb", buffering=0) as fh:
+        buf = bytearray(64 << 20)
+        mv = memoryview(buf)
+        left = size
+        while left > 0:
+            n = fh.readinto(mv[: min(len(buf), left)])
+            if not n:
+                break
+            left -= n
+
+
+def prepare_file(path: str, size: int, progress: Progress | None = None) -> None:
+    """Create ``path`` with ``size`` bytes of random data unless it already has that size."""
+    if os.path.exists(path) and os.path.getsize(path) >= size:
+        return
+    import numpy as np
+
+    rng = np.random.default_rng(1234)
+    block = 64 << 20
+    with open(path, "wb") as fh:
+        left = size
+        while left > 0:
+            n = min(block, left)
+            fh.write(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
+            left -= n
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+class Bench:
+    def __init__(self, args):
+        import phoenix
+        from phoenix import registry
+
+        from ._core import core
+
+        self.args = args
+        self.phoenix = phoenix
+        self.rt = registry.get_runtime()
+        self.vendor = self.rt.name
+        self.lib = core()
+        self.lib.phxbench_raw.restype = ctypes.c_int64
+        self.lib.phxbench_raw.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_size_t,
+                                          ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+        self.lib.phxbench_naive.restype = ctypes.c_int64
+        self.lib.phxbench_naive.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int,
+                                            ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint64, ctypes.c_int,
+                                            ctypes.c_char_p, ctypes.c_size_t]
+        self.records: list[dict] = []
+        self.device = args.device
+        self.dev = self.rt.device_alloc(args.size, args.device)
+        self.dp = self.rt.data_path()
+
+    def close(self):
+        if self.dev:
+            self.rt.device_free(self.dev)
+            self.dev = 0
+
+    # -- one measurement ---------------------------------------------------------
+
+    def record(self, op, impl, warm, nbytes, secs, cpu, threads, chunk, **extra):
+        rec = {
+            "op": op, "impl": impl, "vendor": self.vendor, "warm": warm,
+            "gbps": nbytes / secs / GB if secs > 0 else 0.0,
+            "cpu_s_per_gb": cpu / (nbytes / GB) if nbytes else 0.0,
+            "threads": threads, "chunk": chunk, "size": nbytes, "seconds": secs,
+            "test_double": bool(self.rt.is_test_double),
+        }
+        rec.update(extra)
+        self.records.append(rec)
+        return rec
+
+    def timed(self, fn, reps):
+        """Run fn() reps times; return (bytes, median seconds, median cpu seconds, all)."""
+        runs = []
+        for _ in range(reps):
+            if self.prepare_rep:
+                self.prepare_rep()
+            c0, t0 = _cpu(), time.perf_counter()
+            nbytes = fn()
+            t1, c1 = time.perf_counter(), _cpu()
+            runs.append((nbytes, t1 - t0, c1 - c0))
+        secs = statistics.median(r[1] for r in runs)
+        cpu = statistics.median(r[2] for r in runs)
+        return runs[0][0], secs, cpu, runs
+
+    prepare_rep = None
+
+    def _raw(self, op_write, random, size, chunk, threads, nops=0, odirect=True):
+        err = ctypes.create_string_buffer(256)
+        r = self.lib.phxbench_raw(self.args.file.encode(), int(op_write), int(random), size, chunk, threads, nops, int(odirect), err, 256)
+        if r < 0:
+            raise OSError(-r, f"raw {'write' if op_write else 'read'}: {err.value.decode()}")
+        return r
+
+    def _naive(self, random, size, chunk, threads, nops=0, odirect=True):
+        err = ctypes.create_string_buffer(256)
+        r = self.lib.phxbench_naive(ctypes.addressof(self.dp), self.device, self.dev, self.args.file.encode(), int(random),
+                                    size, chunk, threads, nops, int(odirect), err, 256)
+        if r < 0:
+            raise OSError(-r, f"naive read: {err.value.decode()}")
+        return r
+
+    def _phoenix_read(self, size, threads, chunk):
+        with self.phoenix.settings.override(threads=threads, chunk_size=chunk):
+            with self.phoenix.open(self.args.file, "r") as f:
+                return f.read((self.dev, size), size, 0, 0)
+
+    def _phoenix_write(self, size, threads, chunk):
+        with self.phoenix.settings.override(threads=threads, chunk_size=chunk):
+            with self.phoenix.open(self.args.file, "r+", sync=False) as f:
+                n = f.write((self.dev, size), size, 0, 0)
+                f.fsync()
+                return n
+
+    def _phoenix_random(self, size, bs, qd, nops):
+        import random as _random
+
+        rnd = _random.Random(42)
+        slots = size // bs
+        with self.phoenix.settings.override(threads=min(qd, 64), queue_depth=qd):
+            with self.phoenix.open(self.args.file, "r") as f:
+                reqs = [(f, (self.dev + (i % slots) * bs, bs), bs, rnd.randrange(slots) * bs, 0, "read") for i in range(nops)]
+                results = self.phoenix.batch(reqs)
+        bad = [r for r in results if r != bs]
+        if bad:
+            raise OSError(5, f"phoenix random read: {len(bad)} requests short or failed: {bad[:3]}")
+        return nops * bs
+
+    def _kvikio(self, op, size, threads, chunk):
+        import cupy  # noqa: F401  (kvikio needs a CUDA array)
+        import kvikio
+        import kvikio.defaults
+
+        arr = self._kvikio_array(size)
+        with kvikio.defaults.set({"num_threads": threads, "task_size": chunk, "compat_mode": kvikio.CompatMode.ON}):
+            with kvikio.CuFile(self.args.file, "r" if op == "read" else "r+") as f:
+                if op == "read":
+                    return f.pread(arr, size, 0).get()
+                n = f.pwrite(arr, size, 0).get()
+                os.fsync(os.open(self.args.file, os.O_RDONLY))
+                return n
+
+    def _kvikio_array(self, size):
+        import cupy
+
+        mem = cupy.cuda.UnownedMemory(self.dev, size, self)
+        return cupy.ndarray((size,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+    def _h2d_pinned(self, size):
+        chunk = min(size, 1 << 30)
+        host = self.rt.host_alloc_pinned(chunk)
+        try:
+            stream = self.rt.stream_create(self.device)
+            try:
+                def run():
+                    off = 0
+                    while off < size:
+                        n = min(chunk, size - off)
+                        self.rt.memcpy_async(self.dev + off, host, n, CopyKind.HOST_TO_DEVICE, stream)
+                        off += n
+                    self.rt.stream_synchronize(stream)
+                    return size
+
+                run()  # warm-up
+                return self.timed(run, self.args.reps)
+            finally:
+                self.rt.stream_destroy(stream)
+        finally:
+            self.rt.host_free_pinned(host)
+
+
+def have_kvikio(vendor: str) -> tuple[bool, str]:
+    if vendor != "nvidia":
+        return False, "KvikIO needs the nvidia vendor"
+    try:
+        import kvikio  # noqa: F401
+
+        return True, "importable"
+    except Exception as exc:
+        return False, f"not importable ({type(exc).__name__})"
+
+
+def run(args) -> list[dict]:
+    size = args.size
+    threads_list = args.threads
+    chunk = args.chunk
+    b = Bench(args)
+    progress = Progress(0, args.quiet)
+    kv_ok, kv_why = have_kvikio(b.vendor)
+    ops = args.ops
+    temps = [t for t in ("cold", "warm") if t in args.temperature]
+    plan = []
+    for temp in temps:
+        for op in ("read", "write"):
+            if op not in ops or (op == "write" and temp == "warm"):
+                continue
+            for t in threads_list:
+                plan.append((temp, op, t))
+    progress.total = len(plan) * (4 if kv_ok else 3) + ("randread" in ops) * 2 + (b.vendor != "host")
+    try:
+        prepare_file(args.file, size)
+        for temp, op, threads in plan:
+            warm = temp == "warm"
+            b.prepare_rep = (lambda: warm_cache(args.file, size)) if warm else (lambda: drop_cache(args.file))
+            impls = []
+            if op == "read":
+                impls.append(("raw_odirect" if not warm else "raw_buffered",
+                              lambda t=threads: b._raw(False, False, size, chunk, t, odirect=not warm)))
+                impls.append(("naive", lambda t=threads: b._naive(False, size, chunk, t, odirect=not warm)))
+                impls.append(("phoenix", lambda t=threads: b._phoenix_read(size, t, chunk)))
+            else:
+                impls.append(("raw_odirect", lambda t=threads: b._raw(True, False, size, chunk, t)))
+                impls.append(("phoenix", lambda t=threads: b._phoenix_write(size, t, chunk)))
+            if kv_ok:
+                impls.append(("kvikio", lambda t=threads, o=op: b._kvikio(o, size, t, min(chunk, 16 << 20))))
+            for impl, fn in impls:
+                progress.step(f"{temp} {op} {impl} threads={threads}")
+                if warm or impl == "kvikio":
+                    fn()  # warm-up: thread pools, pinned buffers, registrations
+                nbytes, secs, cpu, runs = b.timed(fn, args.reps)
+                b.record(op, impl, warm, nbytes, secs, cpu, threads, chunk, cache=temp, reps=len(runs))
+        if "randread" in ops:
+            bs, qd = args.random_bs, args.qd
+            nops = max(qd * 16, min(args.random_ops, size // bs * 4))
+            b.prepare_rep = lambda: drop_cache(args.file)
+            progress.step(f"random read {bs >> 10} KiB raw_odirect qd={qd}")
+            nbytes, secs, cpu, _ = b.timed(lambda: b._raw(False, True, size, bs, qd, nops), args.reps)
+            b.record("randread", "raw_odirect", False, nbytes, secs, cpu, qd, bs, iops=nops / secs)
+            progress.step(f"random read {bs >> 10} KiB phoenix qd={qd}")
+            nbytes, secs, cpu, _ = b.timed(lambda: b._phoenix_random(size, bs, qd, nops), args.reps)
+            b.record("randread", "phoenix", False, nbytes, secs, cpu, qd, bs, iops=nops / secs)
+        if b.vendor != "host":
+            progress.step("pinned host -> device copy")
+            b.prepare_rep = None
+            nbytes, secs, cpu, _ = b._h2d_pinned(size)
+            b.record("read", "h2d_pinned", True, nbytes, secs, cpu, 1, min(size, 1 << 30))
+    finally:
+        progress.done()
+        b.close()
+    meta = {"host": socket.gethostname(), "platform": platform.platform(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "file": args.file, "kvikio": kv_why}
+    for r in b.records:
+        r.setdefault("meta", meta)
+    return b.records
+
+
+def table(records: list[dict]) -> str:
+    """Rows grouped by (op, cache, threads), each ratio against raw of that group."""
+    lines = [f"{'op':<9} {'cache':<5} {'thr':>4} {'impl':<13} {'GB/s':>8} {'ratio':>7} {'CPU s/GB':>9} {'IOPS':>9}"]
+    groups: dict = {}
+    for r in records:
+        groups.setdefault((r["op"], r.get("cache", "warm" if r["warm"] else "cold"), r["threads"]), []).append(r)
+    for (op, cache, thr), rows in groups.items():
+        ref = next((x for x in rows if x["impl"].startswith("raw")), None)
+        for r in rows:
+            ratio = f"{r['gbps'] / ref['gbps']:.3f}x" if ref and ref["gbps"] else "-"
+            iops = f"{r['iops']:.0f}" if "iops" in r else ""
+            lines.append(f"{op:<9} {cache:<5} {thr:>4} {r['impl']:<13} {r['gbps']:>8.2f} {ratio:>7} {r['cpu_s_per_gb']:>9.3f} {iops:>9}")
+    return "\n".join(lines)
+
+
+def plot(records: list[dict], path: str) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'phoenix-direct-storage[bench]'): no plot written"
+    series: dict = {}
+    for r in records:
+        if r["op"] == "randread" or r["impl"] == "h2d_pinned":
+            continue
+        key = (r["op"], r.get("cache", ""), r["impl"])
+        series.setdefault(key, []).append((r["threads"], r["gbps"]))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for (op, cache, impl), pts in sorted(series.items()):
+        ax = axes[0] if op == "read" else axes[1]
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{impl} ({cache})")
+    h2d = [r for r in records if r["impl"] == "h2d_pinned"]
+    for ax, title in zip(axes, ("read: file -> device", "write: device -> file")):
+        if h2d and ax is axes[0]:
+            ax.axhline(h2d[0]["gbps"], color="gray", linestyle="--", label="pinned H2D (bus)")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("threads (concurrency)")
+        ax.set_ylabel("GB/s")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    vendor = records[0]["vendor"] if records else "?"
+    chunk = records[0]["chunk"] if records else 0
+    fig.suptitle(f"phx bench, vendor {vendor}{' (test double)' if records and records[0].get('test_double') else ''}, chunk {chunk >> 20} MiB")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return f"plot written to {path}"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="file <-> device throughput beside raw O_DIRECT, the naive loop and KvikIO",
+        description="Measure reads and writes between a file and device memory of the selected vendor (PHX_VENDOR), "
+        "beside, in the same run and at the same concurrency: raw O_DIRECT to host memory (the storage limit), the "
+        "naive loop (pread + synchronous copy), KvikIO where importable, and the pinned host->device copy on GPUs. "
+        "Cold figures drop the file from the page cache first (fadvise; drop_caches when root).",
+    )
+    p.add_argument("--file", default="/tmp/phx-bench.bin", help="file to use (created with random data if smaller than --size)")
+    p.add_argument("--size", type=parse_size, default=parse_size("1G"), help="bytes to move, e.g. 512M, 2G (default 1G)")
+    p.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[4],
+                   help="comma-separated concurrency levels, e.g. 1,4,16 (default 4)")
+    p.add_argument("--chunk", type=parse_size, default=parse_size("16M"), help="chunk size per request piece (default 16M)")
+    p.add_argument("--reps", type=int, default=3, help="repetitions; the median is reported (default 3)")
+    p.add_argument("--ops", type=lambda s: s.split(","), default=["read", "write"],
+                   help="comma-separated of read, write, randread (default read,write)")
+    p.add_argument("--temperature", type=lambda s: s.split(","), default=["cold"], help="cold, warm or cold,warm (default cold)")
+    p.add_argument("--random-bs", type=parse_size, default=parse_size("64K"), help="random read size (default 64K)")
+    p.add_argument("--qd", type=int, default=64, help="random reads in flight (default 64)")
+    p.add_argument("--random-ops", type=int, default=20000, help="random reads per repetition (default 20000)")
+    p.add_argument("--device", type=int, default=0, help="device ordinal (default 0)")
+    p.add_argument("--json", metavar="FILE", help="write the records as a JSON list")
+    p.add_argument("--plot", metavar="FILE", help="write a PNG of throughput against concurrency")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.set_defaults(func=lambda a: main(a))
+
+
+def main(args) -> int:
+    records = run(args)
+    print(table(records))
+    if records and records[0].get("test_double"):
+        print(f"\nvendor {records[0]['vendor']} is a test double: 'device memory' is host memory; these are not accelerator figures.")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(records, fh, indent=1)
+        print(f"records written to {args.json}")
+    if args.plot:
+        print(plot(records, args.plot))
+    return 0

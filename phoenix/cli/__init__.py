@@ -1,0 +1,1 @@
+"""Command-line tools: phx (operators) and phx-port (porters)."""

@@ -1,0 +1,34 @@
+/* The vendor data-path table: raw C entry points the I/O core calls without the GIL.
+ *
+ * Core side, data path. Mirrors phoenix.vendor.DataPathTable (ctypes) field for
+ * field; DATA_PATH_ABI there equals PHX_DP_ABI here. Signatures are the CUDA
+ * runtime's, so a CUDA-shaped runtime (cuda*, mc*, hip*, ...) fills the table with
+ * its own symbols. Every function returns the runtime's status; `success` is ok.
+ */
+#ifndef PHX_VENDOR_H
+#define PHX_VENDOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PHX_DP_ABI 1
+
+typedef void (*phx_host_fn)(void *arg);
+
+struct phx_dp_table {
+    uint32_t abi_version;
+    int success;
+    int kind_h2h, kind_h2d, kind_d2h, kind_d2d; /* the runtime's copy-kind values */
+    unsigned stream_flags;                      /* flags for stream_create (non-blocking) */
+    unsigned host_register_flags;               /* flags for host_register */
+    int (*set_device)(int ordinal);
+    int (*memcpy_async)(void *dst, const void *src, size_t n, int kind, void *stream);
+    int (*stream_create)(void **stream, unsigned flags);
+    int (*stream_synchronize)(void *stream);
+    int (*stream_destroy)(void *stream);
+    int (*launch_host_func)(void *stream, phx_host_fn fn, void *arg);
+    int (*host_register)(void *ptr, size_t n, unsigned flags);
+    int (*host_unregister)(void *ptr);
+};
+
+#endif
