@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Everything the NVIDIA issue needs from the H200 machine, in one call:
+#   benchmarks/h200.sh [stages...]   stages: setup info conformance bench  (default: all)
+# Builds phoenix there (no network: no build isolation, wheels carried in .whl/),
+# runs the conformance suite for `nvidia`, then `phx bench` on the local disk and on
+# tmpfs. Everything worth keeping is written under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/phx-out}; mkdir -p "$OUT"
+STAGES=${*:-setup info conformance bench}
+export PYTHONUNBUFFERED=1 PHX_VENDOR=nvidia
+SITE=/tmp/phx-site
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+
+if has setup; then
+    t0=$(date +%s)
+    if ls .whl/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    fi
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target "$SITE" . 2>&1 | tail -5 || exit 1
+    echo "setup: $(( $(date +%s) - t0 )) s"
+fi
+export PYTHONPATH=$SITE:/tmp/site PATH=$SITE/bin:$PATH
+
+if has info; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv
+    df -h / /dev/shm | sed 1d; nproc; uname -r
+    phx info | tee "$OUT/phx-info.txt"
+fi
+
+if has conformance; then
+    phx-port test nvidia --report-dir "$OUT" 2>&1 | tail -40
+fi
+
+if has bench; then
+    DISK=${PHX_BENCH_DIR:-/root}
+    SIZE=${PHX_BENCH_SIZE:-8G}
+    phx bench --file "$DISK/phx-bench.bin" --size "$SIZE" --threads ${PHX_BENCH_THREADS:-4,16,64} --chunk 16M \
+        --ops read,write,randread --temperature cold --reps ${PHX_BENCH_REPS:-2} --quiet \
+        --json "$OUT/bench-disk.json" --plot "$OUT/bench-disk.png"
+    phx bench --file /dev/shm/phx-bench.bin --size "$SIZE" --threads ${PHX_BENCH_WARM_THREADS:-16} --chunk 16M \
+        --ops read --temperature warm --reps 3 --quiet --json "$OUT/bench-warm.json" --plot "$OUT/bench-warm.png"
+    rm -f /dev/shm/phx-bench.bin
+fi

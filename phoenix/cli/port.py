@@ -1,0 +1,220 @@
+"""``phx-port``: the porter's command. Run the conformance suite, list vendors.
+
+Control plane. A port is ``vendors/<name>/runtime.py`` (in-tree), a package in the
+``phoenix.vendors`` entry-point group, or a directory on ``PHX_VENDOR_PATH``::
+
+    phx-port list                        # every vendor found, available or not, and why
+    phx-port test <name>                 # the conformance suite -> capability table + report
+    phx-port test <name> -k copies       # only some tests (pytest -k)
+    phx-port test <name> -- -x -vv       # anything after -- goes to pytest
+
+Exit status of ``test``: 0 when no capability fails (skips allowed), 1 when one
+does, 2 for a usage error (an unknown vendor, pytest or numpy missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shlex
+import sys
+
+from phoenix import registry
+from phoenix.errors import UnknownVendorError
+
+DEFAULT_REPORT_DIR = "phx-report"
+
+EPILOG_TEST = """\
+Arguments after -- are passed to pytest as they are (e.g. -- -x -vv).
+
+The suite runs in a child process (python -m pytest with phoenix's conformance
+plugin), with PHX_VENDOR set to NAME. Each test belongs to one capability; the table
+shows each capability as pass, fail or skip with the reason of its first failure or
+skip. A test that crashes the process (a segfault in the vendor's C code) or hangs
+past --test-timeout is recorded as failed, and the suite resumes after it.
+
+The report is written as <report-dir>/conformance-NAME.json and .md: vendor, whether
+it is a test double, the command, date, host, phoenix version, every capability and
+every test. Vendors under development: put their parent directory on PHX_VENDOR_PATH.
+"""
+
+EPILOG_LIST = """\
+Sources: in-tree (vendors/<name>/ of this installation), entry point (an installed
+package in the phoenix.vendors group), PHX_VENDOR_PATH (a directory holding
+<name>/runtime.py). A vendor whose module fails to import is listed with its error.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="phx-port",
+        description="Port phoenix to an accelerator: check a vendor port against the conformance suite.",
+        epilog="Start with `phx-port list`, then `phx-port test <name>` until every capability passes.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    # Later subcommands plug in here, each with its own parser and function:
+    #   new <name>   render templates/ into vendors/<name>/ (--like cuda --prefix mc)
+    #   check <name> static checks of a port (prototype table, data-path symbols)
+
+    p = sub.add_parser(
+        "test",
+        usage="phx-port test [options] NAME [-- PYTEST_ARGS ...]",
+        help="run the conformance suite for one vendor and write a capability report",
+        description="Run the conformance suite against vendor NAME, print a capability table and write "
+                    "it as JSON and Markdown. Exits non-zero if any capability fails.",
+        epilog=EPILOG_TEST,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("name", help="vendor to test (see `phx-port list`)")
+    p.add_argument("--report-dir", default=DEFAULT_REPORT_DIR, metavar="DIR",
+                   help=f"where to write conformance-NAME.json and .md (default: ./{DEFAULT_REPORT_DIR}/)")
+    p.add_argument("-k", dest="keyword", metavar="EXPR",
+                   help="only tests matching this pytest -k expression (e.g. 'copies and not 64mib')")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="print only the capability table (pytest's output is shown only on failure)")
+    p.add_argument("--test-timeout", type=float, default=120.0, metavar="SECONDS",
+                   help="a single test running longer is stopped and counted as failed (default 120; 0: none)")
+    p.add_argument("--engine", choices=("auto", "io_uring", "threads"), metavar="ENGINE",
+                   help="I/O engine for the suite's I/O capabilities: auto, io_uring or threads "
+                        "(sets PHX_IO_ENGINE for the run; recorded in the report)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
+    # Later: --emulated (run against an emulated CUDA-shaped runtime built with the port's prefix).
+    # Arguments after `--` go to pytest untouched (main() splits them off before parsing).
+    p.set_defaults(func=cmd_test, pytest_args=[])
+
+    p = sub.add_parser(
+        "list",
+        help="list the vendors found, with source, availability and why",
+        description="List every vendor phoenix can find, where it comes from, whether it can serve on this "
+                    "machine (its probe), and why not. Import errors are shown, not raised.",
+        epilog=EPILOG_LIST,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
+    p.set_defaults(func=cmd_list)
+    return parser
+
+
+# -- list -------------------------------------------------------------------------------
+
+
+def vendor_rows() -> list[dict]:
+    """One row per discovered vendor: source, location, availability and reason."""
+    rows = []
+    for name, entry in registry.discover().items():
+        cls = entry.load()
+        if cls is None:
+            rows.append({"vendor": name, "source": entry.source, "location": entry.location,
+                         "available": False, "test_double": None, "reason": entry.error})
+            continue
+        probe = entry.probe()
+        rows.append({"vendor": name, "source": entry.source, "location": entry.location,
+                     "available": bool(probe.usable), "test_double": bool(cls.is_test_double),
+                     "reason": probe.reason})
+    return rows
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = []
+    for k, r in enumerate(rows):
+        cells = [f"{c:<{w}}" for c, w in zip(r, widths, strict=False)] + [r[-1]]
+        lines.append("  ".join(cells).rstrip())
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 30)
+    return "\n".join(lines)
+
+
+def cmd_list(args) -> int:
+    rows = vendor_rows()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no vendors found (in-tree, phoenix.vendors entry points, PHX_VENDOR_PATH)")
+        return 0
+    table = [("vendor", "source", "available", "reason")]
+    for r in rows:
+        if r["test_double"] is None:
+            avail = "no (import error)"
+        else:
+            avail = ("yes" if r["available"] else "no") + (" (test double)" if r["test_double"] else "")
+        table.append((r["vendor"], r["source"], avail, " ".join(str(r["reason"]).split())))
+    print(_table(table))
+    return 0
+
+
+# -- test -------------------------------------------------------------------------------
+
+
+def _missing_tools() -> list[str]:
+    return [m for m in ("pytest", "numpy") if importlib.util.find_spec(m) is None]
+
+
+def cmd_test(args) -> int:
+    from phoenix import conformance
+
+    name = args.name
+    missing = _missing_tools()
+    if missing:
+        print(f"phx-port test: the conformance suite needs {' and '.join(missing)}: "
+              "pip install 'phoenix-direct-storage[test]'", file=sys.stderr)
+        return 2
+    vendors = registry.discover()
+    if name not in vendors:
+        print(f"phx-port test: {UnknownVendorError(name, list(vendors))}", file=sys.stderr)
+        return 2
+    entry = vendors[name]
+    extra = list(args.pytest_args)
+    command = "phx-port " + shlex.join(args.argv)
+    env = dict(os.environ, PHX_VENDOR=name)  # what the suite's process sees
+    if args.engine:
+        env["PHX_IO_ENGINE"] = args.engine
+    run = conformance.run_suite(name, pytest_args=extra, keyword=args.keyword, quiet=args.quiet,
+                                test_timeout=args.test_timeout, env=env)
+    report = conformance.build_report(
+        name, run, command=command, is_test_double=entry.is_test_double,
+        vendor_info={"source": entry.source, "location": entry.location},
+        settings={k: v for k, v in sorted(env.items()) if k.startswith("PHX_")},
+    )
+    json_path, md_path = conformance.write_report(report, args.report_dir)
+    failed = report["result"] != "pass"
+    args.rc = 1 if failed else 0  # what main() returns even if stdout goes away below
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        if args.quiet and failed and run["output"]:
+            print(run["output"].rstrip())  # the evidence, since pytest's output was held back
+        if not args.quiet:
+            print()
+        print(conformance.format_table(report))
+        print(f"report: {json_path}\n        {md_path}")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ours, passthrough = argv, []
+    if "--" in argv:
+        cut = argv.index("--")
+        ours, passthrough = argv[:cut], argv[cut + 1:]
+    parser = build_parser()
+    args = parser.parse_args(ours)
+    if passthrough:
+        if args.command != "test":
+            parser.error(f"arguments after -- are for pytest, only with `test`: {shlex.join(passthrough)}")
+        args.pytest_args = passthrough
+    args.argv = argv
+    args.rc = 0
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `phx-port ... | head`: the reader left; the exit status stands
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return args.rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

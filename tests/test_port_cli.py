@@ -1,0 +1,190 @@
+"""``phx-port``: test (capability table, JSON and Markdown report, exit status) and list."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from phoenix import conformance
+
+CAPS = list(conformance.CAPABILITIES)
+
+
+def phx_port_command() -> list[str]:
+    """The installed ``phx-port`` script, else the same entry point without the cwd on sys.path.
+
+    (``python -m`` from a source checkout would import the source tree, not the installed package.)
+    """
+    script = shutil.which("phx-port", path=os.path.dirname(sys.executable))
+    if script:
+        return [script]
+    return [sys.executable, "-c", "import sys; del sys.path[0]; from phoenix.cli.port import main; sys.exit(main())"]
+
+
+def phx_port(*args: str, env_extra: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **(env_extra or {}))
+    env.pop("PHX_VENDOR", None)  # phx-port test sets it from its argument
+    return subprocess.run([*phx_port_command(), *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def host_run(tmp_path_factory):
+    """The whole suite on the host vendor with two devices (so no multi-device test skips)."""
+    report_dir = tmp_path_factory.mktemp("phx-report")
+    proc = phx_port("test", "host", "--report-dir", str(report_dir), env_extra={"PHX_HOST_DEVICES": "2"})
+    return proc, report_dir
+
+
+def test_host_passes_every_capability(host_run):
+    proc, _ = host_run
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
+    table = proc.stdout[proc.stdout.index("phoenix conformance: vendor host"):]
+    assert "vendor host (test double): PASS" in table
+    for cap in CAPS:
+        row = next((line for line in table.splitlines() if line.startswith(cap + " ")), None)
+        assert row is not None, f"no row for {cap} in:\n{table}"
+        assert row.split()[1] == "pass", row
+
+
+def test_json_report(host_run):
+    proc, report_dir = host_run
+    path = report_dir / "conformance-host.json"
+    report = json.loads(path.read_text())
+    assert report["vendor"] == "host"
+    assert report["is_test_double"] is True
+    assert report["result"] == "pass"
+    assert report["command"].startswith("phx-port test host")
+    for key in ("date", "host", "phoenix_version", "python", "platform"):
+        assert report[key], key
+    from phoenix import __version__
+    assert report["phoenix_version"] == __version__
+    caps = {c["capability"]: c for c in report["capabilities"]}
+    assert list(caps) == CAPS
+    assert all(c["result"] == "pass" and c["failed"] == 0 and c["skipped"] == 0 for c in caps.values()), caps
+    assert report["totals"]["failed"] == 0 and report["totals"]["passed"] == len(report["tests"])
+    assert len(report["vendor_info"]["devices"]) == 2
+    assert str(report_dir / "conformance-host.json") in proc.stdout
+
+
+def test_markdown_report(host_run):
+    _, report_dir = host_run
+    md = (report_dir / "conformance-host.md").read_text()
+    assert md.startswith("# Phoenix conformance report: `host`")
+    assert "test double" in md and "phx-port test host" in md
+    assert "| capability | result | tests | reason (first failure or skip) |" in md
+    for cap in CAPS:
+        assert f"| {cap} | pass |" in md
+
+
+def test_keyword_quiet_engine(tmp_path):
+    proc = phx_port("test", "host", "-q", "-k", "test_discovery", "--engine", "threads", "--report-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("phoenix conformance: vendor host"), "--quiet prints only the table"
+    assert "partial run" in proc.stdout.splitlines()[0]
+    report = json.loads((tmp_path / "conformance-host.json").read_text())
+    assert [c["capability"] for c in report["capabilities"]] == ["discovery"]
+    assert report["partial"] is True
+    assert report["settings"]["PHX_IO_ENGINE"] == "threads" and report["settings"]["PHX_VENDOR"] == "host"
+
+
+def test_pytest_args_pass_through(tmp_path):
+    proc = phx_port("test", "host", "-q", "--report-dir", str(tmp_path), "--", "-k", "test_set_device")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "conformance-host.json").read_text())
+    assert {t["test"].split("::")[1] for t in report["tests"] if t["outcome"] != "not run"} == \
+        {"test_set_device_each", "test_set_device_out_of_range"}
+
+
+def test_failure_exits_nonzero_with_reason(tmp_path):
+    broken = Path(__file__).resolve().parent / "broken_vendors"
+    proc = phx_port("test", "short_copy", "-q", "-k", "test_copy_sync and h2d", "--report-dir", str(tmp_path),
+                    env_extra={"PHX_VENDOR_PATH": str(broken)})
+    assert proc.returncode == 1
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("copies "))
+    assert row.split()[1] == "fail" and "test_copy_sync" in row
+    report = json.loads((tmp_path / "conformance-short_copy.json").read_text())
+    assert report["result"] == "fail" and report["vendor"] == "short_copy"
+    copies = next(c for c in report["capabilities"] if c["capability"] == "copies")
+    assert "bytes wrong" in copies["reason"], copies["reason"]
+    assert "## Failures" in (tmp_path / "conformance-short_copy.md").read_text()
+
+
+HANGS = """
+    import time
+
+    from phoenix.vendors.host.runtime import Runtime as HostRuntime
+
+    class Runtime(HostRuntime):
+        name = "hangs"
+
+        def __init__(self):
+            super().__init__()
+            self._destroyed = set()
+
+        def stream_destroy(self, stream):
+            super().stream_destroy(stream)
+            self._destroyed.add(stream)
+
+        def stream_synchronize(self, stream):
+            if stream in self._destroyed:
+                time.sleep(3600)  # waits on a stream that is gone, forever
+            super().stream_synchronize(stream)
+"""
+
+
+def test_hung_test_is_stopped_and_the_run_resumes(tmp_path):
+    (tmp_path / "vendors" / "hangs").mkdir(parents=True)
+    (tmp_path / "vendors" / "hangs" / "runtime.py").write_text(textwrap.dedent(HANGS))
+    proc = phx_port("test", "hangs", "-q", "--test-timeout", "2", "--report-dir", str(tmp_path),
+                    "-k", "test_vendor_imports or test_destroyed_stream or test_never_created_stream",
+                    env_extra={"PHX_VENDOR_PATH": str(tmp_path / "vendors")}, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "conformance-hangs.json").read_text())
+    caps = {c["capability"]: c for c in report["capabilities"]}
+    assert caps["discovery"]["result"] == "pass"
+    assert caps["errors"]["result"] == "fail"
+    assert caps["errors"]["reason"].startswith("test_errors.py::test_destroyed_stream: hung"), caps["errors"]
+    outcome = {t["test"]: t["outcome"] for t in report["tests"] if t["outcome"] != "not run"}
+    assert outcome["test_errors.py::test_never_created_stream"] == "passed", "the run did not resume"
+
+
+def test_unknown_vendor(tmp_path):
+    proc = phx_port("test", "nosuch", "--report-dir", str(tmp_path))
+    assert proc.returncode == 2
+    assert "unknown vendor 'nosuch'" in proc.stderr and "host" in proc.stderr
+    assert not list(tmp_path.iterdir()), "no report for a vendor that does not exist"
+
+
+def test_list():
+    proc = phx_port("list")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["vendor", "source", "available", "reason"]
+    rows = {line.split()[0]: line for line in lines[2:] if line.strip()}
+    assert "in-tree" in rows["host"] and "yes (test double)" in rows["host"]
+    for name, row in rows.items():
+        assert len(row.split()) >= 4, f"{name}: no reason given: {row!r}"
+
+
+def test_help_texts():
+    top = phx_port("--help")
+    assert top.returncode == 0 and "test" in top.stdout and "list" in top.stdout
+    test = phx_port("test", "--help")
+    assert test.returncode == 0
+    for word in ("--report-dir", "conformance-NAME.json", "-k", "--quiet", "--engine", "PYTEST_ARGS", "test double"):
+        assert word in test.stdout, word
+    lst = phx_port("list", "--help")
+    assert lst.returncode == 0 and "PHX_VENDOR_PATH" in lst.stdout
+
+
+def test_no_command_is_a_usage_error():
+    proc = phx_port()
+    assert proc.returncode == 2 and "usage" in proc.stderr
