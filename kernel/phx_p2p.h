@@ -29,8 +29,14 @@ struct phx_p2p_page_table;
 /*
  * Reclaim callback: the vendor driver is taking the memory back (the process freed
  * it, or the device is going away). Called by the backend, possibly in atomic
- * context; the core revokes the user mappings and then calls free_page_table(),
- * never put_pages(), for that table.
+ * context, at most once per table; it does not sleep: the core queues the work,
+ * which revokes the user mappings (later touches get SIGBUS, I/O gets EFAULT), waits
+ * (at most 5 s) until no I/O holds the pages, and then calls free_page_table(), never
+ * put_pages(), for that table. A vendor whose callback must block until DMA into the
+ * memory has stopped (MetaX; NVIDIA's nvidia-fs does the same) waits in its callback
+ * for free_page_table(). A reclaim that arrives once put_pages() has begun for the
+ * table is ignored, and the backend never calls reclaim for a table after
+ * put_pages() returned for it (data may be gone): it makes the two exclusive.
  */
 typedef void (*phx_p2p_reclaim_fn)(void *data);
 
@@ -41,9 +47,15 @@ struct phx_p2p_ops {
 	u32 pci_vendor;			/* PCI vendor id the backend serves (0x10de, 0x9999, ...) */
 	unsigned long page_size;	/* bytes per P2P page: a power of two */
 
-	/* Set-up and tear-down of the backend (resolve the vendor's symbols, ...).
-	 * init returns 0 or a negative errno saying why it cannot serve. */
-	int (*init)(void);
+	/*
+	 * Set-up and tear-down of the backend (resolve the vendor's symbols, ...), called
+	 * by phx_p2p_register() and phx_p2p_unregister(). init returns 0, or a negative
+	 * errno and sets *why to a static sentence saying why it cannot serve here ("the
+	 * NVIDIA driver is not loaded (nvidia_p2p_get_pages not found)"); the backend then
+	 * stays registered as unavailable, listed with that reason, and exit is not called.
+	 * Both may be NULL.
+	 */
+	int (*init)(const char **why);
 	void (*exit)(void);
 
 	/*
@@ -73,11 +85,23 @@ struct phx_p2p_ops {
 	/* Free the heap state of a table after a reclaim; must not call put_pages. */
 	void (*free_page_table)(struct phx_p2p_page_table *table);
 
-	/* The PCI device behind a device ordinal (for sysfs pci_bdf and BAR checks). */
+	/*
+	 * The PCI device behind device ordinal 0, 1, ... (NULL past the last one), asked
+	 * once after a successful init. The core creates /dev/phx_<name><ordinal> for each
+	 * and makes the device's largest memory BAR ZONE_DEVICE pages; every bus address
+	 * get_phys_addrs() returns for that device must lie inside that BAR (checked).
+	 * The device must stay bound until phx_p2p_unregister() returns.
+	 */
 	struct pci_dev *(*pci_device)(int ordinal);
 };
 
-/* Exported by the core module. */
+/*
+ * Exported by the core module. register returns 0 also when init() said the backend
+ * cannot serve (it is then listed as unavailable); a negative errno only for a bad
+ * table (ABI version, page size, name) or a second backend of the same name.
+ * unregister revokes every mapping still made through the backend's devices, waits
+ * for I/O pinning their pages, and removes the devices; call it from module exit.
+ */
 int phx_p2p_register(const struct phx_p2p_ops *ops);
 void phx_p2p_unregister(const struct phx_p2p_ops *ops);
 

@@ -83,6 +83,12 @@ def gather_info() -> dict:
     except Exception as exc:  # report, never crash: this is the diagnostic command
         info["devices_error"] = f"{type(exc).__name__}: {exc}"
     try:
+        from phoenix import kmod
+
+        info["kernel"] = kmod.status()
+    except Exception as exc:
+        info["kernel"] = {"why": f"{type(exc).__name__}: {exc}"}
+    try:
         from phoenix import io as phx_io
 
         info["io"] = phx_io.capabilities()
@@ -116,6 +122,9 @@ def _print_info(info: dict) -> None:
             print(f"  {d['ordinal']}: {d['name']}  pci {d['pci_bus_id']}  {d['total_memory'] / 2**30:.1f} GiB")
     elif info.get("devices_error"):
         print(f"\ndevices: ERROR {info['devices_error']}")
+    kernel = info.get("kernel")
+    if kernel:
+        print(f"\nkernel module: {kernel.get('why', kernel)}")
     io = info.get("io")
     if io:
         print("\nI/O:")
