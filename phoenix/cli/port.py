@@ -7,6 +7,7 @@ Control plane. A port is ``vendors/<name>/runtime.py`` (in-tree), a package in t
     phx-port test <name>                 # the conformance suite -> capability table + report
     phx-port test <name> -k copies       # only some tests (pytest -k)
     phx-port test <name> -- -x -vv       # anything after -- goes to pytest
+    phx-port test <name> --emulated      # against an emulated CUDA-shaped runtime (a test double)
 
 Exit status of ``test``: 0 when no capability fails (skips allowed), 1 when one
 does, 2 for a usage error (an unknown vendor, pytest or numpy missing).
@@ -38,6 +39,16 @@ past --test-timeout is recorded as failed, and the suite resumes after it.
 The report is written as <report-dir>/conformance-NAME.json and .md: vendor, whether
 it is a test double, the command, date, host, phoenix version, every capability and
 every test. Vendors under development: put their parent directory on PHX_VENDOR_PATH.
+
+--emulated runs the suite against an emulated runtime instead of the vendor's own:
+phoenix's host runtime (phoenix/csrc/hostrt.c) built with the port's symbol prefix
+and library name (Runtime.prefix, Runtime.library_names[0]), e.g. libmcruntime.so
+with mc* names for metax. The port is pointed at it through PHX_<NAME>_LIBRARY, or
+the environment its Runtime.emulated_env() gives (MACA_PATH for metax); it must bind
+that library, or the run fails. The emulator has PHX_HOST_DEVICES devices (2 unless
+set). It is a test double: the report says "emulated runtime" and is written as
+conformance-NAME-emulated.json and .md. Needs a C compiler; built libraries are
+cached in $PHX_EMULATOR_CACHE (default ~/.cache/phoenix/emulators).
 """
 
 EPILOG_LIST = """\
@@ -81,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="I/O engine for the suite's I/O capabilities: auto, io_uring or threads "
                         "(sets PHX_IO_ENGINE for the run; recorded in the report)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
-    # Later: --emulated (run against an emulated CUDA-shaped runtime built with the port's prefix).
+    p.add_argument("--emulated", action="store_true",
+                   help="run against an emulated runtime (a test double) built with the port's symbol prefix "
+                        "and library name, instead of the vendor's own runtime")
     # Arguments after `--` go to pytest untouched (main() splits them off before parsing).
     p.set_defaults(func=cmd_test, pytest_args=[])
 
@@ -173,12 +186,18 @@ def cmd_test(args) -> int:
     env = dict(os.environ, PHX_VENDOR=name)  # what the suite's process sees
     if args.engine:
         env["PHX_IO_ENGINE"] = args.engine
+    emulated = None
+    if args.emulated:
+        emulated = _emulate(entry, env, announce=not (args.quiet or args.json))
+        if emulated is None:
+            return 2
     run = conformance.run_suite(name, pytest_args=extra, keyword=args.keyword, quiet=args.quiet,
                                 test_timeout=args.test_timeout, env=env)
     report = conformance.build_report(
         name, run, command=command, is_test_double=entry.is_test_double,
         vendor_info={"source": entry.source, "location": entry.location},
         settings={k: v for k, v in sorted(env.items()) if k.startswith("PHX_")},
+        emulated=emulated,
     )
     json_path, md_path = conformance.write_report(report, args.report_dir)
     failed = report["result"] != "pass"
@@ -193,6 +212,31 @@ def cmd_test(args) -> int:
         print(conformance.format_table(report))
         print(f"report: {json_path}\n        {md_path}")
     return 1 if failed else 0
+
+
+def _emulate(entry, env: dict, announce: bool = True) -> dict | None:
+    """Build the emulated runtime for ``entry``'s port and point ``env`` at it; None after an error.
+
+    ``announce`` prints what was built (the table and the report say it in any case).
+    """
+    from phoenix import emulator
+
+    cls = entry.load()
+    if cls is None:
+        print(f"phx-port test: vendor {entry.name!r} does not import: {entry.error}", file=sys.stderr)
+        return None
+    try:
+        emu, changes = emulator.for_vendor(cls)
+    except emulator.EmulatorError as exc:
+        print(f"phx-port test --emulated: {exc}", file=sys.stderr)
+        return None
+    emulator.apply_env(env, changes)
+    env.setdefault("PHX_HOST_DEVICES", "2")  # the emulator's device count: exercise multi-device paths
+    via = ", ".join(k if v is None else f"{k}={v}" for k, v in changes.items() if v is not None)
+    if announce:
+        print(f"{emulator.LABEL}: {emu.library_name} with {emu.prefix}* symbols, built from {emu.source}\n"
+              f"  library: {emu.library}\n  vendor {entry.name!r} pointed at it with {via}", flush=True)
+    return {**emu.describe(), "via": via}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,11 @@ errors                    bad and freed pointers, double free, zero and absurd s
                           directions, destroyed streams: VendorError, never a crash
 ========================  ==========================================================
 
+``phx-port test <name> --emulated`` runs the same suite against an emulated runtime
+(:mod:`phoenix.emulator`: a test double built with the port's prefix and library name);
+its report carries ``emulated`` (what was built) and is marked "emulated runtime"
+in the table, the JSON and the Markdown, written as ``conformance-<name>-emulated.*``.
+
 Adding a capability (the I/O issues add theirs) is adding a ``test_<topic>.py``
 module here whose tests carry the new marker, and a line in :data:`CAPABILITIES`
 (which only orders and describes them: a marker missing from it still reports).
@@ -202,8 +207,14 @@ def _strip_nodeid(nodeid: str) -> str:
 
 
 def build_report(vendor: str, run: dict, *, command: str = "", is_test_double: bool | None = None,
-                 vendor_info: dict | None = None, settings: dict | None = None) -> dict:
-    """The capability report of one run (what is written as JSON and rendered as a table)."""
+                 vendor_info: dict | None = None, settings: dict | None = None,
+                 emulated: dict | None = None) -> dict:
+    """The capability report of one run (what is written as JSON and rendered as a table).
+
+    ``emulated`` (``phx-port test --emulated``) describes the emulated runtime the vendor
+    was pointed at (:meth:`phoenix.emulator.Emulator.describe`): the report is then
+    marked "emulated runtime (test double)", and fails if the vendor bound another library.
+    """
     from phoenix import __version__
 
     events = run["events"]
@@ -223,6 +234,8 @@ def build_report(vendor: str, run: dict, *, command: str = "", is_test_double: b
         if ev.get("event") == "vendor":
             info.update({k: v for k, v in ev.items() if k != "event"})
     errors = [ev["message"] for ev in events if ev.get("event") == "error"]
+    if emulated:
+        errors += _emulation_errors(info, emulated)
 
     tests = []
     for nodeid, cap in capability_of.items():
@@ -267,7 +280,9 @@ def build_report(vendor: str, run: dict, *, command: str = "", is_test_double: b
     return {
         "schema": REPORT_SCHEMA,
         "vendor": vendor,
-        "is_test_double": bool(is_test_double),
+        "is_test_double": bool(is_test_double or emulated),
+        #: the emulated runtime the suite ran against (None: the vendor's own runtime)
+        "emulated": dict(emulated) if emulated else None,
         "vendor_info": info,
         "result": "pass" if ok else "fail",
         "partial": len(ran) < len(tests),  #: -k or pytest arguments left tests out
@@ -286,6 +301,29 @@ def build_report(vendor: str, run: dict, *, command: str = "", is_test_double: b
         "capabilities": caps,
         "tests": tests,
     }
+
+
+def _emulation_errors(info: dict, emulated: dict) -> list[str]:
+    """An emulated run must have run against the emulator: the vendor has to have bound it."""
+    if "name" not in info:  # no runtime was created: the suite's own failures say why
+        return []
+    bound = info.get("library")
+    if not bound:
+        return [f"--emulated: cannot tell which runtime library vendor {info['name']!r} bound (its runtime has "
+                f"no shim `rt` with a `library`): the report cannot show the emulator was used"]
+    if os.path.realpath(bound) != os.path.realpath(emulated["library"]):
+        return [f"--emulated: vendor {info['name']!r} bound {bound}, not the emulated runtime "
+                f"{emulated['library']}: it does not honour {emulated.get('via') or 'the environment it was given'}"]
+    return []
+
+
+def _emulated_line(report: dict) -> str | None:
+    emu = report.get("emulated")
+    if not emu:
+        return None
+    return (f"runtime: {emu.get('label', 'emulated runtime (test double)')}: {emu.get('library_name')} "
+            f"(prefix {emu.get('prefix')}) built from {os.path.basename(emu.get('source', 'hostrt.c'))}, "
+            f"not the vendor's runtime or hardware")
 
 
 def _cell(text: str, width: int = 0) -> str:
@@ -311,21 +349,25 @@ def format_table(report: dict, width: int = 110) -> str:
     w = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}".rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * x for x in w) + "  " + "-" * 30)
-    double = " (test double)" if report["is_test_double"] else ""
+    double = " (emulated runtime, test double)" if report.get("emulated") else \
+        " (test double)" if report["is_test_double"] else ""
     t = report["totals"]
     partial = f" (partial run: {t['selected']} of {t['suite']} tests)" if report.get("partial") else ""
     head = f"phoenix conformance: vendor {report['vendor']}{double}: {report['result'].upper()}{partial}"
+    emulated = _emulated_line(report)
     tail = f"{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped in {report['duration_s']} s"
     extra = [f"error: {e}" for e in report["errors"]]
-    return "\n".join([head, "", *lines, "", tail, *extra])
+    return "\n".join([head, *([emulated] if emulated else []), "", *lines, "", tail, *extra])
 
 
 def format_markdown(report: dict) -> str:
     """The report as Markdown (a table of capabilities, then the failures in full)."""
     esc = lambda s: _cell(s).replace("|", "\\|")  # noqa: E731
+    emulated = _emulated_line(report)
     out = [
-        f"# Phoenix conformance report: `{report['vendor']}`",
+        f"# Phoenix conformance report: `{report['vendor']}`" + (" (emulated runtime)" if emulated else ""),
         "",
+        *([f"> **{esc(emulated)}**", ""] if emulated else []),
         f"- result: **{report['result'].upper()}**"
         + (f" (partial run: {report['totals']['selected']} of {report['totals']['suite']} tests)"
            if report.get("partial") else ""),
@@ -366,15 +408,16 @@ def format_markdown(report: dict) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def report_paths(report_dir: str, vendor: str) -> tuple[str, str]:
-    base = os.path.join(report_dir, f"conformance-{vendor}")
+def report_paths(report_dir: str, vendor: str, emulated: bool = False) -> tuple[str, str]:
+    """``conformance-<vendor>`` (``-emulated`` for an emulated run, never mistaken for hardware's)."""
+    base = os.path.join(report_dir, f"conformance-{vendor}" + ("-emulated" if emulated else ""))
     return base + ".json", base + ".md"
 
 
 def write_report(report: dict, report_dir: str) -> tuple[str, str]:
-    """Write ``conformance-<vendor>.json`` and ``.md`` into ``report_dir``; return their paths."""
+    """Write ``conformance-<vendor>[-emulated].json`` and ``.md`` into ``report_dir``; return their paths."""
     os.makedirs(report_dir, exist_ok=True)
-    json_path, md_path = report_paths(report_dir, report["vendor"])
+    json_path, md_path = report_paths(report_dir, report["vendor"], bool(report.get("emulated")))
     with open(json_path, "w") as fh:
         json.dump(report, fh, indent=2, default=str)
         fh.write("\n")

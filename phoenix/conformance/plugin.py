@@ -283,6 +283,8 @@ def rt(request, vendor_entry):
     rec.emit("vendor", name=vendor_entry.name, source=vendor_entry.source, location=vendor_entry.location,
              cls=f"{type(runtime).__module__}.{type(runtime).__qualname__}",
              is_test_double=bool(runtime.is_test_double), runtime_description=runtime.runtime_description,
+             # the runtime library a shim-bound port loaded (an --emulated run checks it is the emulator)
+             library=getattr(getattr(runtime, "rt", None), "library", None),
              p2p_page_size=runtime.p2p_page_size, devices=devices)
     yield runtime
     registry.reset()

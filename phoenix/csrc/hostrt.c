@@ -56,6 +56,27 @@
 #define STR(x) STR2(x)
 #define PREFIX_STR STR(PHXRT_PREFIX)
 
+/* Built as an emulator of another runtime (phoenix/emulator.py passes -DPHXRT_EMULATOR),
+ * the library says so in its device names and its test-double mark. */
+#ifdef PHXRT_EMULATOR
+#define DEVICE_NAME "Phoenix emulated " PREFIX_STR " device (test double)"
+#define TEST_DOUBLE_INFO "phoenix emulated runtime (test double): CUDA-shaped, prefix " PREFIX_STR \
+    ", host memory as device memory, built from phoenix/csrc/hostrt.c"
+#else
+#define DEVICE_NAME "Phoenix host reference device (test double)"
+#define TEST_DOUBLE_INFO "phoenix host reference runtime (test double): CUDA-shaped, prefix " PREFIX_STR \
+    ", host memory as device memory"
+#endif
+
+/* The memory-type field(s) of the pointer-attribute layout built (hostrt.h). */
+#if PHXRT_POINTER_ATTRIBUTES == 0
+#define ATTR_SET_TYPE(a, v) ((a)->type = (v))
+#elif PHXRT_POINTER_ATTRIBUTES == 1
+#define ATTR_SET_TYPE(a, v) ((a)->memoryType = (v))
+#else
+#define ATTR_SET_TYPE(a, v) ((a)->memoryType = (a)->type = (v))
+#endif
+
 static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 /* -- errors --------------------------------------------------------------------- */
@@ -326,7 +347,7 @@ int RT(DeviceGetName)(char *buf, int len, int device)
     int rc = check_ordinal(device);
     if (rc != PHXRT_SUCCESS)
         return report(rc);
-    return device_string(buf, len, "Phoenix host reference device (test double)");
+    return device_string(buf, len, DEVICE_NAME);
 }
 
 int RT(DeviceTotalMem)(size_t *bytes, int device)
@@ -706,16 +727,17 @@ int RT(PointerGetAttributes)(phxrtPointerAttributes *attr, const void *ptr)
     if (!attr)
         return report(PHXRT_ERR_INVALID_VALUE);
     /* CUDA's answer for memory the runtime does not know (freed device memory included) */
-    *attr = (phxrtPointerAttributes){.type = PHXRT_MEM_UNREGISTERED, .device = -2};
+    *attr = (phxrtPointerAttributes){.device = -2};
+    ATTR_SET_TYPE(attr, PHXRT_MEM_UNREGISTERED);
     pthread_mutex_lock(&g_mem);
     struct range *r = ranges_find((uintptr_t)ptr);
     if (r) {
         attr->device = r->device;
         attr->devicePointer = (void *)ptr;
         if (r->type == R_DEVICE) {
-            attr->type = PHXRT_MEM_DEVICE;
+            ATTR_SET_TYPE(attr, PHXRT_MEM_DEVICE);
         } else {
-            attr->type = PHXRT_MEM_HOST; /* mapped host memory: same address on both sides */
+            ATTR_SET_TYPE(attr, PHXRT_MEM_HOST); /* mapped host memory: same address on both sides */
             attr->hostPointer = (void *)ptr;
         }
     }
@@ -1145,3 +1167,430 @@ int RT(DeviceSynchronize)(void)
     free(held);
     return PHXRT_SUCCESS;
 }
+
+/* -- more of the CUDA-shaped surface ------------------------------------------------ */
+
+const char *RT(PhoenixTestDouble)(void)
+{
+    return TEST_DOUBLE_INFO;
+}
+
+int RT(GetDeviceProperties)(phxrtDeviceProp *prop, int device)
+{
+    ENSURE_INIT();
+    int rc = check_ordinal(device);
+    if (rc != PHXRT_SUCCESS)
+        return report(rc);
+    if (!prop)
+        return report(PHXRT_ERR_INVALID_VALUE);
+    memset(prop, 0, sizeof *prop);
+    snprintf(prop->name, sizeof prop->name, "%s", DEVICE_NAME);
+    prop->uuid[0] = 0xf0; /* distinct per device, recognisably not real hardware */
+    prop->uuid[15] = (unsigned char)device;
+    prop->totalGlobalMem = g.dev[device].arena_size;
+    prop->pciBusID = 0xf0; /* as DeviceGetPCIBusId: 0000:f0:<device>.0 */
+    prop->pciDeviceID = device;
+    prop->pciDomainID = 0;
+    prop->multiProcessorCount = 1;
+    prop->unifiedAddressing = 1;
+    prop->canMapHostMemory = 1;
+    return PHXRT_SUCCESS;
+}
+
+int RT(DeviceGetAttribute)(int *value, int attr, int device)
+{
+    ENSURE_INIT();
+    int rc = check_ordinal(device);
+    if (rc != PHXRT_SUCCESS)
+        return report(rc);
+    if (!value)
+        return report(PHXRT_ERR_INVALID_VALUE);
+    switch (attr) {
+    case PHXRT_ATTR_MULTIPROCESSOR_COUNT: *value = 1; break;
+    case PHXRT_ATTR_CAN_MAP_HOST_MEMORY: *value = 1; break;
+    case PHXRT_ATTR_PCI_BUS_ID: *value = 0xf0; break;
+    case PHXRT_ATTR_PCI_DEVICE_ID: *value = device; break;
+    case PHXRT_ATTR_UNIFIED_ADDRESSING: *value = 1; break;
+    case PHXRT_ATTR_PCI_DOMAIN_ID: *value = 0; break;
+    default: return report(PHXRT_ERR_INVALID_VALUE); /* not emulated: refused, never made up */
+    }
+    return PHXRT_SUCCESS;
+}
+
+int RT(RuntimeGetVersion)(int *version)
+{
+    if (!version)
+        return report(PHXRT_ERR_INVALID_VALUE);
+    *version = PHXRT_VERSION;
+    return PHXRT_SUCCESS;
+}
+
+int RT(DriverGetVersion)(int *version)
+{
+    if (!version)
+        return report(PHXRT_ERR_INVALID_VALUE);
+    *version = PHXRT_VERSION;
+    return PHXRT_SUCCESS;
+}
+
+int RT(HostGetDevicePointer)(void **device_ptr, void *host_ptr, unsigned flags)
+{
+    ENSURE_INIT();
+    if (!device_ptr || !host_ptr || flags)
+        return report(PHXRT_ERR_INVALID_VALUE);
+    pthread_mutex_lock(&g_mem);
+    struct range *r = ranges_find((uintptr_t)host_ptr);
+    int mapped = r && r->type != R_DEVICE;
+    pthread_mutex_unlock(&g_mem);
+    if (!mapped)
+        return report(PHXRT_ERR_INVALID_VALUE); /* only pinned or registered host memory is mapped */
+    *device_ptr = host_ptr; /* unified addressing: the same address on both sides */
+    return PHXRT_SUCCESS;
+}
+
+int RT(Memset)(void *device_ptr, int value, size_t n)
+{
+    ENSURE_INIT();
+    if (n == 0)
+        return PHXRT_SUCCESS;
+    /* Ordered after work on the default stream, as cudaMemset is; runs in the caller. */
+    struct device *d = g.ndev ? &g.dev[tls_device] : NULL;
+    pthread_mutex_lock(&g_streams_mu);
+    struct stream *dflt = d ? d->default_stream : NULL;
+    pthread_mutex_unlock(&g_streams_mu);
+    if (dflt)
+        stream_wait_idle(dflt);
+
+    uintptr_t p = (uintptr_t)device_ptr;
+    struct range *pins[2] = {NULL, NULL};
+    pthread_mutex_lock(&g_mem);
+    struct range *r = ranges_find(p);
+    int ok = r && r->type == R_DEVICE && n <= r->size - (p - r->base);
+    if (ok)
+        (pins[0] = r)->pins++;
+    pthread_mutex_unlock(&g_mem);
+    if (!ok)
+        return report(PHXRT_ERR_INVALID_VALUE); /* not device memory, freed, or runs past the end */
+    memset(device_ptr, value, n);
+    unpin(pins);
+    return PHXRT_SUCCESS;
+}
+
+/* -- events ---------------------------------------------------------------------------
+ *
+ * An event is an id (like a stream handle, so a destroyed one is recognised) naming a
+ * counter pair: Record queues a marker op on the stream that raises `completed` to the
+ * record's number when the worker reaches it. A queued marker holds a reference, so
+ * Destroy with records in flight is safe (CUDA allows it). Locks: g_events_mu guards the
+ * registry and reference counts, each event's mu its counters; never nested. */
+
+struct event {
+    uint64_t id;
+    unsigned refs;
+    pthread_mutex_t mu;
+    pthread_cond_t done;
+    uint64_t recorded, completed;
+};
+
+struct event_marker {
+    struct event *ev;
+    uint64_t seq;
+};
+
+static pthread_mutex_t g_events_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct event **g_events; /* live events, sorted by id (ids only grow) */
+static size_t g_nevents, g_capevents;
+static uint64_t g_next_event_id = 1;
+
+static ptrdiff_t event_find(uint64_t id) /* g_events_mu held */
+{
+    size_t lo = 0, hi = g_nevents;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (g_events[mid]->id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return (lo < g_nevents && g_events[lo]->id == id) ? (ptrdiff_t)lo : -1;
+}
+
+static int event_acquire(phxrtEvent_t handle, struct event **out)
+{
+    pthread_mutex_lock(&g_events_mu);
+    ptrdiff_t i = handle ? event_find((uintptr_t)handle) : -1;
+    if (i >= 0) {
+        *out = g_events[i];
+        (*out)->refs++;
+    }
+    pthread_mutex_unlock(&g_events_mu);
+    return i >= 0 ? PHXRT_SUCCESS : PHXRT_ERR_INVALID_RESOURCE_HANDLE;
+}
+
+static void event_release(struct event *ev)
+{
+    pthread_mutex_lock(&g_events_mu);
+    int last = --ev->refs == 0;
+    pthread_mutex_unlock(&g_events_mu);
+    if (last) {
+        pthread_cond_destroy(&ev->done);
+        pthread_mutex_destroy(&ev->mu);
+        free(ev);
+    }
+}
+
+/* The marker op: runs on the stream's worker once all earlier work on it finished. */
+static void event_fire(void *arg)
+{
+    struct event_marker *m = arg;
+    struct event *ev = m->ev;
+    pthread_mutex_lock(&ev->mu);
+    if (m->seq > ev->completed)
+        ev->completed = m->seq;
+    pthread_cond_broadcast(&ev->done);
+    pthread_mutex_unlock(&ev->mu);
+    free(m);
+    event_release(ev);
+}
+
+int RT(EventCreateWithFlags)(phxrtEvent_t *event, unsigned flags)
+{
+    ENSURE_INIT();
+    if (!event || (flags & ~0xFu)) /* CUDA's: blocking sync, disable timing, interprocess, ... */
+        return report(PHXRT_ERR_INVALID_VALUE);
+    struct event *ev = calloc(1, sizeof *ev);
+    if (!ev)
+        return report(PHXRT_ERR_MEMORY_ALLOCATION);
+    ev->refs = 1;
+    pthread_mutex_init(&ev->mu, NULL);
+    pthread_cond_init(&ev->done, NULL);
+    pthread_mutex_lock(&g_events_mu);
+    if (g_nevents == g_capevents) {
+        size_t cap = g_capevents ? 2 * g_capevents : 16;
+        struct event **grown = realloc(g_events, cap * sizeof *grown);
+        if (!grown) {
+            pthread_mutex_unlock(&g_events_mu);
+            event_release(ev);
+            return report(PHXRT_ERR_MEMORY_ALLOCATION);
+        }
+        g_events = grown;
+        g_capevents = cap;
+    }
+    ev->id = g_next_event_id++;
+    g_events[g_nevents++] = ev;
+    pthread_mutex_unlock(&g_events_mu);
+    *event = (phxrtEvent_t)(uintptr_t)ev->id;
+    return PHXRT_SUCCESS;
+}
+
+int RT(EventCreate)(phxrtEvent_t *event)
+{
+    return RT(EventCreateWithFlags)(event, 0);
+}
+
+int RT(EventRecord)(phxrtEvent_t event, phxrtStream_t stream)
+{
+    ENSURE_INIT();
+    struct event *ev;
+    int rc = event_acquire(event, &ev);
+    if (rc != PHXRT_SUCCESS)
+        return report(rc);
+    struct stream *s;
+    if ((rc = stream_acquire(stream, &s)) != PHXRT_SUCCESS) {
+        event_release(ev);
+        return report(rc);
+    }
+    struct event_marker *m = malloc(sizeof *m);
+    if (!m) {
+        stream_release(s);
+        event_release(ev);
+        return report(PHXRT_ERR_MEMORY_ALLOCATION);
+    }
+    pthread_mutex_lock(&ev->mu);
+    m->ev = ev; /* the reference taken above now belongs to the marker */
+    m->seq = ++ev->recorded;
+    pthread_mutex_unlock(&ev->mu);
+    rc = stream_push(s, &(struct op){.fn = event_fire, .arg = m});
+    stream_release(s);
+    if (rc != PHXRT_SUCCESS) { /* never queued: complete it here, so waiters do not hang */
+        event_fire(m);
+        return report(rc);
+    }
+    return PHXRT_SUCCESS;
+}
+
+int RT(EventQuery)(phxrtEvent_t event)
+{
+    ENSURE_INIT();
+    struct event *ev;
+    int rc = event_acquire(event, &ev);
+    if (rc != PHXRT_SUCCESS)
+        return report(rc);
+    pthread_mutex_lock(&ev->mu);
+    int done = ev->completed >= ev->recorded;
+    pthread_mutex_unlock(&ev->mu);
+    event_release(ev);
+    return done ? PHXRT_SUCCESS : PHXRT_ERR_NOT_READY; /* not an error: not recorded */
+}
+
+int RT(EventSynchronize)(phxrtEvent_t event)
+{
+    ENSURE_INIT();
+    struct event *ev;
+    int rc = event_acquire(event, &ev);
+    if (rc != PHXRT_SUCCESS)
+        return report(rc);
+    pthread_mutex_lock(&ev->mu);
+    uint64_t target = ev->recorded; /* the last record before this call */
+    while (ev->completed < target)
+        pthread_cond_wait(&ev->done, &ev->mu);
+    pthread_mutex_unlock(&ev->mu);
+    event_release(ev);
+    return PHXRT_SUCCESS;
+}
+
+int RT(EventDestroy)(phxrtEvent_t event)
+{
+    ENSURE_INIT();
+    struct event *ev = NULL;
+    pthread_mutex_lock(&g_events_mu);
+    ptrdiff_t i = event ? event_find((uintptr_t)event) : -1;
+    if (i >= 0) { /* unlink; queued markers keep their references */
+        ev = g_events[i];
+        memmove(&g_events[i], &g_events[i + 1], (g_nevents - (size_t)i - 1) * sizeof *g_events);
+        g_nevents--;
+    }
+    pthread_mutex_unlock(&g_events_mu);
+    if (!ev)
+        return report(PHXRT_ERR_INVALID_RESOURCE_HANDLE);
+    event_release(ev);
+    return PHXRT_SUCCESS;
+}
+
+/* -- the driver API of emulators built with PHXRT_DRIVER_PREFIX (cu*) ------------------- */
+
+#ifdef PHXRT_DRIVER_PREFIX
+#define DRIVER_STR STR(PHXRT_DRIVER_PREFIX)
+enum { CU_NOT_INITIALIZED = 3, CU_NOT_SUPPORTED = 801, CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2 };
+
+static int g_driver_initialized;
+
+static const struct {
+    int code;
+    const char *name, *message;
+} g_cu_errors[] = {
+    {PHXRT_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {PHXRT_ERR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CU_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error (" DRIVER_STR "Init was not called)"},
+    {PHXRT_ERR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {PHXRT_ERR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CU_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported (by the emulated driver)"},
+};
+
+#define ENSURE_DRIVER()                                                                            \
+    do {                                                                                           \
+        if (!__atomic_load_n(&g_driver_initialized, __ATOMIC_ACQUIRE))                             \
+            return CU_NOT_INITIALIZED;                                                             \
+    } while (0)
+
+int DRV(Init)(unsigned flags)
+{
+    if (flags)
+        return PHXRT_ERR_INVALID_VALUE;
+    pthread_once(&g_once, init_once);
+    if (g.status != PHXRT_SUCCESS)
+        return g.status;
+    __atomic_store_n(&g_driver_initialized, 1, __ATOMIC_RELEASE);
+    return PHXRT_SUCCESS;
+}
+
+int DRV(DriverGetVersion)(int *version)
+{
+    if (!version)
+        return PHXRT_ERR_INVALID_VALUE;
+    *version = PHXRT_VERSION; /* answered before Init, as the real one is */
+    return PHXRT_SUCCESS;
+}
+
+int DRV(DeviceGetCount)(int *count)
+{
+    ENSURE_DRIVER();
+    if (!count)
+        return PHXRT_ERR_INVALID_VALUE;
+    *count = g.ndev;
+    return PHXRT_SUCCESS;
+}
+
+int DRV(DeviceGetName)(char *buf, int len, int device)
+{
+    ENSURE_DRIVER();
+    if (device < 0 || device >= g.ndev)
+        return PHXRT_ERR_INVALID_DEVICE;
+    if (!buf || len <= 0)
+        return PHXRT_ERR_INVALID_VALUE;
+    snprintf(buf, (size_t)len, "%s", DEVICE_NAME); /* truncates, as cuDeviceGetName does */
+    return PHXRT_SUCCESS;
+}
+
+int DRV(PointerGetAttribute)(void *data, int attribute, unsigned long long ptr)
+{
+    ENSURE_DRIVER();
+    if (!data)
+        return PHXRT_ERR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mem);
+    struct range *r = ranges_find((uintptr_t)ptr);
+    struct range copy = r ? *r : (struct range){0};
+    pthread_mutex_unlock(&g_mem);
+    if (!r)
+        return PHXRT_ERR_INVALID_VALUE; /* memory the driver does not know: cuPointerGetAttribute's answer */
+    switch (attribute) {
+    case PHXRT_CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(unsigned *)data = copy.type == R_DEVICE ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+        break;
+    case PHXRT_CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+    case PHXRT_CU_POINTER_ATTRIBUTE_HOST_POINTER:
+        if (attribute == PHXRT_CU_POINTER_ATTRIBUTE_HOST_POINTER && copy.type == R_DEVICE)
+            return PHXRT_ERR_INVALID_VALUE;
+        *(unsigned long long *)data = ptr;
+        break;
+    case PHXRT_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        *(int *)data = copy.device;
+        break;
+    case PHXRT_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        *(unsigned long long *)data = copy.base;
+        break;
+    case PHXRT_CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        *(size_t *)data = copy.size;
+        break;
+    default:
+        return CU_NOT_SUPPORTED;
+    }
+    return PHXRT_SUCCESS;
+}
+
+int DRV(GetErrorName)(int error, const char **name)
+{
+    if (!name)
+        return PHXRT_ERR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof g_cu_errors / sizeof g_cu_errors[0]; i++)
+        if (g_cu_errors[i].code == error) {
+            *name = g_cu_errors[i].name;
+            return PHXRT_SUCCESS;
+        }
+    *name = NULL;
+    return PHXRT_ERR_INVALID_VALUE;
+}
+
+int DRV(GetErrorString)(int error, const char **message)
+{
+    if (!message)
+        return PHXRT_ERR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof g_cu_errors / sizeof g_cu_errors[0]; i++)
+        if (g_cu_errors[i].code == error) {
+            *message = g_cu_errors[i].message;
+            return PHXRT_SUCCESS;
+        }
+    *message = NULL;
+    return PHXRT_ERR_INVALID_VALUE;
+}
+#endif /* PHXRT_DRIVER_PREFIX */
