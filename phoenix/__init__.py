@@ -27,12 +27,10 @@ _IO_NAMES = {"open", "batch", "register", "deregister"}
 def __getattr__(name):
     # The I/O stack loads the C core; import it only when used, so that `phx info`
     # and vendor discovery work (and report) even where the core cannot load.
+    import importlib
+
     if name in _IO_NAMES:
-        from . import io as _io
-
-        return getattr(_io, name)
+        return getattr(importlib.import_module("phoenix.io"), name)
     if name == "settings":
-        from . import settings as _settings
-
-        return _settings
+        return importlib.import_module("phoenix.settings")
     raise AttributeError(f"module 'phoenix' has no attribute {name!r}")

@@ -282,7 +282,7 @@ def run(args) -> list[dict]:
                 continue
             for t in threads_list:
                 plan.append((temp, op, t))
-    progress.total = len(plan) * (4 if kv_ok else 3) + ("randread" in ops) * 2 + (b.vendor != "host")
+    progress.total = len(plan) * (4 if kv_ok else 3) * args.reps + ("randread" in ops) * 2 + (b.vendor != "host")
     try:
         prepare_file(args.file, size)
         for temp, op, threads in plan:
@@ -300,11 +300,20 @@ def run(args) -> list[dict]:
             if kv_ok:
                 impls.append(("kvikio", lambda t=threads, o=op: b._kvikio(o, size, t, min(chunk, 16 << 20))))
             for impl, fn in impls:
-                progress.step(f"{temp} {op} {impl} threads={threads}")
                 if warm or impl == "kvikio":
+                    progress.step(f"{temp} {op} {impl} threads={threads}: warm-up")
                     fn()  # warm-up: thread pools, pinned buffers, registrations
-                nbytes, secs, cpu, runs = b.timed(fn, args.reps)
-                b.record(op, impl, warm, nbytes, secs, cpu, threads, chunk, cache=temp, reps=len(runs))
+            # repetitions interleaved across implementations (ABCABC...), so that drift of a
+            # shared disk hits every implementation alike; the median of each is reported
+            runs: dict = {impl: [] for impl, _ in impls}
+            for rep in range(args.reps):
+                for impl, fn in impls:
+                    progress.step(f"{temp} {op} {impl} threads={threads} rep {rep + 1}/{args.reps}")
+                    runs[impl].append(b.timed(fn, 1)[3][0])
+            for impl, _ in impls:
+                rs = runs[impl]
+                b.record(op, impl, warm, rs[0][0], statistics.median(r[1] for r in rs), statistics.median(r[2] for r in rs),
+                         threads, chunk, cache=temp, reps=len(rs), runs_s=[round(r[1], 4) for r in rs])
         if "randread" in ops:
             bs, qd = args.random_bs, args.qd
             nops = max(qd * 16, min(args.random_ops, size // bs * 4))

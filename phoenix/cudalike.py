@@ -34,6 +34,9 @@ class PointerAttributes(ctypes.Structure):
         ("device", ctypes.c_int),
         ("devicePointer", ctypes.c_void_p),
         ("hostPointer", ctypes.c_void_p),
+        # CUDA 12+ appends reserved words (CUDA 13: long reserved[8], 88 bytes in all) and
+        # the runtime writes them: room to spare so no release can overrun the struct
+        ("_reserved", ctypes.c_ubyte * 512),
     ]
 
 
@@ -41,6 +44,8 @@ class PointerAttributes(ctypes.Structure):
 MEM_UNREGISTERED, MEM_HOST, MEM_DEVICE, MEM_MANAGED = 0, 1, 2, 3
 #: ``cudaErrorInvalidValue``
 INVALID_VALUE = 1
+#: ``cudaErrorInvalidResourceHandle``
+INVALID_RESOURCE_HANDLE = 400
 
 
 class CudaLikeRuntime(VendorRuntime):
@@ -69,6 +74,9 @@ class CudaLikeRuntime(VendorRuntime):
         self.rt: Shim = self.bind()
         self._lock = threading.Lock()
         self._streams: set[int] = set()  # created here, destroyed by close()
+        # destroyed here and not handed out again: refused, since CUDA-shaped handles are
+        # pointers and the runtime itself would crash on them
+        self._destroyed: set[int] = set()
         self._host_ranges: dict[int, int] = {}  # pinned allocations and registrations made here
 
     # -- what a port provides ----------------------------------------------------
@@ -119,6 +127,20 @@ class CudaLikeRuntime(VendorRuntime):
         if not ptr:  # CUDA's Free(NULL) succeeds; the contract says NULL is no allocation
             self.rt.raise_for(f"{self.prefix}{call}", INVALID_VALUE)
 
+    def _refuse_zero(self, call: str, size: int) -> None:
+        if size <= 0:  # CUDA's Malloc(0) succeeds with NULL; the contract says zero is an error
+            self.rt.raise_for(f"{self.prefix}{call}", INVALID_VALUE)
+
+    def _live_stream(self, call: str, stream: int) -> ctypes.c_void_p:
+        if stream in self._destroyed:
+            self.rt.raise_for(f"{self.prefix}{call}", INVALID_RESOURCE_HANDLE)
+        return ctypes.c_void_p(stream)
+
+    @property
+    def stream_handles_validated(self) -> bool:
+        """Whether made-up stream handles are refused: only by test-double runtimes (CUDA's are pointers)."""
+        return self.is_test_double
+
     # -- discovery ---------------------------------------------------------------
 
     def devices(self) -> list[Device]:
@@ -137,6 +159,7 @@ class CudaLikeRuntime(VendorRuntime):
     # -- device memory -----------------------------------------------------------
 
     def device_alloc(self, size: int, device: int = 0) -> int:
+        self._refuse_zero("Malloc", size)
         ptr = ctypes.c_void_p()
         with self._on_device(device):
             self.rt.malloc(ctypes.byref(ptr), ctypes.c_size_t(size))
@@ -149,6 +172,8 @@ class CudaLikeRuntime(VendorRuntime):
     # -- host memory -------------------------------------------------------------
 
     def host_register(self, ptr: int, size: int) -> None:
+        self._refuse_zero("HostRegister", size)
+        self._refuse_null("HostRegister", ptr)
         self.rt.host_register(ctypes.c_void_p(ptr), ctypes.c_size_t(size), self.host_register_flags)
         with self._lock:
             self._host_ranges[ptr] = size
@@ -159,6 +184,7 @@ class CudaLikeRuntime(VendorRuntime):
             self._host_ranges.pop(ptr, None)
 
     def host_alloc_pinned(self, size: int) -> int:
+        self._refuse_zero("MallocHost", size)
         ptr = ctypes.c_void_p()
         self.rt.malloc_host(ctypes.byref(ptr), ctypes.c_size_t(size))
         with self._lock:
@@ -178,7 +204,7 @@ class CudaLikeRuntime(VendorRuntime):
 
     def memcpy_async(self, dst: int, src: int, size: int, kind: CopyKind, stream: int) -> None:
         self.rt.memcpy_async(ctypes.c_void_p(dst), ctypes.c_void_p(src), ctypes.c_size_t(size),
-                             self.copy_kinds[CopyKind(kind)], ctypes.c_void_p(stream))
+                             self.copy_kinds[CopyKind(kind)], self._live_stream("MemcpyAsync", stream))
 
     # -- streams -----------------------------------------------------------------
 
@@ -188,20 +214,23 @@ class CudaLikeRuntime(VendorRuntime):
             self.rt.stream_create_with_flags(ctypes.byref(stream), self.stream_flags)
         with self._lock:
             self._streams.add(stream.value)
+            self._destroyed.discard(stream.value)
         return stream.value
 
     def stream_synchronize(self, stream: int) -> None:
-        self.rt.stream_synchronize(ctypes.c_void_p(stream))
+        self.rt.stream_synchronize(self._live_stream("StreamSynchronize", stream))
 
     def stream_destroy(self, stream: int) -> None:
-        self.rt.stream_destroy(ctypes.c_void_p(stream))
+        self.rt.stream_destroy(self._live_stream("StreamDestroy", stream))
         with self._lock:
             self._streams.discard(stream)
+            if stream:
+                self._destroyed.add(stream)
 
     def launch_host_func(self, stream: int, fn: int, arg: int) -> None:
         if not fn:
             self.rt.raise_for(f"{self.prefix}LaunchHostFunc", INVALID_VALUE)
-        self.rt.launch_host_func(ctypes.c_void_p(stream), ctypes.c_void_p(fn), ctypes.c_void_p(arg))
+        self.rt.launch_host_func(self._live_stream("LaunchHostFunc", stream), ctypes.c_void_p(fn), ctypes.c_void_p(arg))
 
     # -- pointer queries ---------------------------------------------------------
 

@@ -1,0 +1,268 @@
+"""Buffer adaptation: any array-like -> (address, size in bytes, where it lives).
+
+Control plane. The I/O stack moves bytes between a file and one contiguous extent of
+memory; this module finds that extent in what a user hands in, without copying and
+without importing any array library:
+
+================================  ==========================================================
+what                              how
+================================  ==========================================================
+``(ptr, nbytes)``                 a raw address and length (ints): device or host memory
+torch tensors                     ``data_ptr()``, ``numel() * element_size()``, ``device``
+``__cuda_array_interface__``      CuPy, Numba, PyTorch CUDA tensors, ...: device memory
+``__array_interface__``           NumPy arrays and views: host memory (or any memory the
+                                  vendor recognises: the host vendor's arena wrapped in NumPy)
+buffer protocol                   ``bytearray``, ``memoryview``, ``bytes`` (read-only: writes
+                                  only), ``mmap``, ``array.array``: host memory
+``__dlpack__``                    any DLPack producer (CPU and device tensors)
+================================  ==========================================================
+
+Every extent must be C-contiguous. The adapted :class:`Buffer` keeps what must stay
+alive while I/O runs (the object, its buffer export, its DLPack capsule) until
+:meth:`Buffer.release`.
+
+:func:`classify` then asks the vendor where an address lives (``pointer_info``) and
+whether the CPU and the kernel can address it (``direct_capable``): host memory, device
+memory the I/O can land in directly, or device memory that must be staged.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass, field
+
+from .vendor import MemoryType
+
+# where an extent lives: the C core's enum phx_mem (phoenix/csrc/phx_io.h)
+MEM_HOST = 0  #: host memory (plain, pinned or registered)
+MEM_DEVICE = 1  #: device memory only the vendor's copies reach: staged
+MEM_DEVICE_MAPPED = 2  #: device memory the CPU and the kernel address: direct
+
+
+class OutOfBounds(ValueError):
+    """An extent runs outside the memory it starts in (the I/O layer reports it as EFAULT)."""
+
+
+@dataclass
+class Buffer:
+    """One contiguous extent of memory found in a user's object."""
+
+    addr: int
+    nbytes: int
+    #: "host", "device" or None (unknown: the vendor's pointer query decides)
+    kind: str | None
+    device: int | None
+    readonly: bool
+    source: str  #: which protocol found it ("raw", "torch", "cuda_array_interface", ...)
+    _keep: list = field(default_factory=list, repr=False)
+    _view: ctypes.Structure | None = field(default=None, repr=False)
+
+    def release(self) -> None:
+        """Let go of the object (and its buffer export): the I/O on it is over."""
+        view, self._view = self._view, None
+        if view is not None:
+            _PyBuffer_Release(ctypes.byref(view))
+        self._keep.clear()
+
+
+# ---- the buffer protocol through the C API (works for read-only exporters too) ----------
+
+
+class _PyBuffer(ctypes.Structure):
+    _fields_ = [
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.c_void_p),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p),
+        ("shape", ctypes.POINTER(ctypes.c_ssize_t)),
+        ("strides", ctypes.POINTER(ctypes.c_ssize_t)),
+        ("suboffsets", ctypes.POINTER(ctypes.c_ssize_t)),
+        ("internal", ctypes.c_void_p),
+    ]
+
+
+_PyObject_GetBuffer = ctypes.pythonapi.PyObject_GetBuffer
+_PyObject_GetBuffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_PyObject_GetBuffer.restype = ctypes.c_int
+_PyBuffer_Release = ctypes.pythonapi.PyBuffer_Release
+_PyBuffer_Release.argtypes = [ctypes.POINTER(_PyBuffer)]
+_PyBuffer_Release.restype = None
+_PyBUF_WRITABLE = 0x0001  # PyBUF_SIMPLE (0) asks for a C-contiguous buffer
+
+
+def _from_buffer_protocol(obj, writable: bool) -> Buffer:
+    view = _PyBuffer()
+    try:
+        _PyObject_GetBuffer(obj, ctypes.byref(view), _PyBUF_WRITABLE if writable else 0)
+    except BufferError as exc:
+        what = "writable and C-contiguous" if writable else "C-contiguous"
+        raise TypeError(f"{type(obj).__name__}: the buffer must be {what} to be read into: {exc}") from None
+    return Buffer(view.buf or 0, view.len, "host", None, bool(view.readonly), "buffer", [obj], view)
+
+
+# ---- array interfaces ---------------------------------------------------------------------
+
+
+def _contiguous_nbytes(shape, strides, itemsize: int, where: str) -> int:
+    shape = tuple(int(s) for s in shape)
+    n = math.prod(shape) * itemsize
+    if strides is None or n == 0:
+        return n
+    expect = itemsize
+    for dim, stride in zip(reversed(shape), reversed(tuple(int(s) for s in strides)), strict=True):
+        if dim != 1 and stride != expect:
+            raise TypeError(f"{where}: the array is not C-contiguous (shape {shape}, strides {tuple(strides)})")
+        expect *= dim
+    return n
+
+
+def _itemsize(typestr: str) -> int:
+    return int(typestr[2:])
+
+
+def _from_interface(obj, iface: dict, kind: str | None, source: str, writable: bool) -> Buffer:
+    ptr, readonly = iface["data"]
+    if writable and readonly:
+        raise TypeError(f"{type(obj).__name__}: read-only array cannot be read into")
+    nbytes = _contiguous_nbytes(iface["shape"], iface.get("strides"), _itemsize(iface["typestr"]), type(obj).__name__)
+    return Buffer(int(ptr or 0), nbytes, kind, None, bool(readonly), source, [obj])
+
+
+# ---- torch (without importing it) -------------------------------------------------------
+
+
+def _is_torch_tensor(obj) -> bool:
+    mod = type(obj).__module__ or ""
+    return (mod == "torch" or mod.startswith("torch.")) and hasattr(obj, "data_ptr") and hasattr(obj, "element_size")
+
+
+def _from_torch(obj, writable: bool) -> Buffer | None:
+    dev = obj.device
+    if dev.type not in ("cpu", "cuda"):
+        return None  # other backends: DLPack says where
+    if not obj.is_contiguous():
+        raise TypeError("torch tensor is not contiguous (call .contiguous() first)")
+    nbytes = obj.numel() * obj.element_size()
+    if dev.type == "cpu":
+        return Buffer(obj.data_ptr(), nbytes, "host", None, False, "torch", [obj])
+    return Buffer(obj.data_ptr(), nbytes, "device", dev.index if dev.index is not None else 0, False, "torch", [obj])
+
+
+# ---- DLPack -------------------------------------------------------------------------------
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+_PyCapsule_GetPointer = ctypes.pythonapi.PyCapsule_GetPointer
+_PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_PyCapsule_GetPointer.restype = ctypes.c_void_p
+_DL_HOST_TYPES = {1, 3, 11}  # kDLCPU, kDLCUDAHost, kDLROCMHost
+
+
+def _from_dlpack(obj, writable: bool) -> Buffer:
+    # A legacy "dltensor" capsule (DLManagedTensor starts with its DLTensor). It is not
+    # consumed: its destructor returns it to the producer when we let go of it.
+    capsule = obj.__dlpack__()
+    ptr = _PyCapsule_GetPointer(capsule, b"dltensor")
+    t = _DLTensor.from_address(ptr)
+    ndim = t.ndim
+    shape = [t.shape[i] for i in range(ndim)]
+    itemsize = (t.dtype.bits * t.dtype.lanes + 7) // 8
+    strides = None if not t.strides else [t.strides[i] * itemsize for i in range(ndim)]
+    nbytes = _contiguous_nbytes(shape, strides, itemsize, type(obj).__name__)
+    host = t.device.device_type in _DL_HOST_TYPES
+    addr = (t.data or 0) + t.byte_offset
+    return Buffer(addr, nbytes, "host" if host else "device", None if host else t.device.device_id, False, "dlpack",
+                  [obj, capsule])
+
+
+# ---- entry points -------------------------------------------------------------------------
+
+
+def adapt(obj, *, writable: bool) -> Buffer:
+    """Find the contiguous extent of ``obj``; ``writable`` when it will be read into.
+
+    Raises TypeError naming what is wrong (not contiguous, read-only, unknown type).
+    """
+    if isinstance(obj, Buffer):
+        return obj
+    if isinstance(obj, tuple) and len(obj) == 2 and all(isinstance(v, int) for v in obj):
+        ptr, nbytes = obj
+        if ptr <= 0 or nbytes < 0:
+            raise TypeError(f"raw buffer (ptr={ptr:#x}, nbytes={nbytes}): needs a non-NULL address and a size >= 0")
+        return Buffer(ptr, nbytes, None, None, False, "raw")
+    if isinstance(obj, int):
+        raise TypeError("a bare address has no size: pass (ptr, nbytes)")
+    if _is_torch_tensor(obj):
+        b = _from_torch(obj, writable)
+        if b is not None:
+            return b
+    iface = getattr(obj, "__cuda_array_interface__", None)
+    if iface is not None:
+        return _from_interface(obj, iface, "device", "cuda_array_interface", writable)
+    iface = getattr(obj, "__array_interface__", None)
+    if iface is not None:
+        return _from_interface(obj, iface, None, "array_interface", writable)
+    if isinstance(obj, (bytes, bytearray, memoryview)) or _has_buffer(obj):
+        return _from_buffer_protocol(obj, writable)
+    if hasattr(obj, "__dlpack__"):
+        return _from_dlpack(obj, writable)
+    raise TypeError(
+        f"cannot do I/O on a {type(obj).__module__}.{type(obj).__name__}: pass a torch tensor, a CuPy or NumPy "
+        "array, anything with __cuda_array_interface__, __array_interface__, the buffer protocol or __dlpack__, "
+        "or a (ptr, nbytes) pair"
+    )
+
+
+def _has_buffer(obj) -> bool:
+    try:
+        memoryview(obj).release()
+        return True
+    except TypeError:
+        return False
+
+
+def classify(runtime, addr: int, size: int, kind: str | None = None, device: int | None = None) -> tuple[int, int, str]:
+    """Where ``[addr, addr+size)`` lives: (MEM_*, device ordinal, why).
+
+    Asks the vendor (``pointer_info``, ``direct_capable``). Without a runtime, memory not
+    known to be device memory is host memory. Raises TypeError for device memory with no
+    vendor runtime to move it; OutOfBounds for a device extent past its allocation.
+    """
+    if runtime is None:
+        if kind == "device":
+            raise TypeError("device memory given, but no vendor runtime is selected (PHX_VENDOR)")
+        return MEM_HOST, 0, "host memory (no vendor runtime)"
+    info = runtime.pointer_info(addr)
+    if info.type is not MemoryType.DEVICE:
+        if kind == "device":
+            # the object says device memory but the vendor does not know it (freed?)
+            raise TypeError(f"{addr:#x} is not memory of vendor {runtime.name!r} (freed, or another runtime's)")
+        return MEM_HOST, 0, f"{info.type.value} memory"
+    if info.size and addr + size > info.base + info.size:
+        raise OutOfBounds(f"buffer extent [{addr:#x}, +{size}) runs past its device allocation "
+                          f"[{info.base:#x}, +{info.size})")
+    ok, why = runtime.direct_capable(addr, size)
+    return (MEM_DEVICE_MAPPED if ok else MEM_DEVICE), int(info.device or 0), why

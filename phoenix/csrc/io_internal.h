@@ -1,0 +1,249 @@
+/* Internals of the I/O core (phx_io.h): shared by the io_*.c files only.
+ *
+ * Core side, data path. Objects and who touches them:
+ *
+ *   phx_ctx     workers + a FIFO of chunks (ctx->qmu) + the bounce pool.
+ *   io_worker   one thread; owns a ring (io_uring engine) or runs pread/pwrite itself
+ *               (threads engine); owns one stream per device for staged copies; never
+ *               blocks on anything but its ring or its eventfd.
+ *   phx_req     one request, cut into io_chunks (allocated with it); completes when
+ *               its last chunk does, on whichever thread finishes that chunk (a worker,
+ *               or the vendor's stream thread running a copy-done callback).
+ *   io_chunk    <= chunk_size bytes of a request; 1-3 io_subs (the file I/Os): an
+ *               unaligned head and tail go through the buffered descriptor, the
+ *               aligned body through the O_DIRECT one.
+ *
+ * Stream callbacks (copy done) only touch atomics, the pool's mutex and eventfds:
+ * never the vendor runtime, never Python.
+ */
+#ifndef PHX_IO_INTERNAL_H
+#define PHX_IO_INTERNAL_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <linux/io_uring.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "phx_io.h"
+
+#define IO_MAX_DEVICES 64
+#define IO_MAX_SEGS 64
+#define IO_POOL_UNIT (64u << 10)        /* bounce pool allocation unit */
+#define IO_MAX_ALIGN (64u << 10)        /* larger O_DIRECT alignments: file used buffered */
+#define IO_MAX_CHUNK (1ull << 30)       /* one SQE / one pread moves < 4 GiB */
+/* Bytes one io_uring worker keeps in flight at most (besides queue_depth chunks): a
+ * 16 MiB O_DIRECT read is already dozens of device requests, so four of them per ring
+ * keep a disk busy; deeper queues of large chunks only add contention. Small random
+ * reads are bounded by queue_depth instead. */
+#define IO_WORKER_BYTES (64ull << 20)
+
+/* ---- counters (phx_io_get_stats) ---- */
+struct io_counters {
+    _Atomic int64_t contexts, threads, files, requests, stream_ops, registrations, worker_streams;
+    _Atomic int64_t bounce_bytes, bounce_in_use;
+    _Atomic int64_t bytes_read, bytes_written;
+    _Atomic int64_t chunks_user, chunks_staged, chunks_staged_cpu;
+    _Atomic int64_t io_direct, io_buffered, reissues, direct_fallbacks, uring_enters;
+    _Atomic int64_t cache_hit_bytes, cache_misses;
+};
+extern struct io_counters io_stats;
+#define STAT_ADD(field, v) atomic_fetch_add_explicit(&io_stats.field, (v), memory_order_relaxed)
+
+/* ---- raw io_uring (io_ring.c) ---- */
+struct io_ring {
+    int fd;
+    unsigned sq_entries, cq_entries;
+    unsigned *sq_head, *sq_tail, *sq_mask, *sq_array, *sq_flags;
+    unsigned *cq_head, *cq_tail, *cq_mask;
+    struct io_uring_sqe *sqes;
+    struct io_uring_cqe *cqes;
+    void *sq_map, *cq_map;
+    size_t sq_map_size, cq_map_size, sqes_size;
+    unsigned sqe_tail;   /* local tail: SQEs handed out, not yet published */
+    unsigned to_submit;  /* published, not yet consumed by io_uring_enter */
+    unsigned setup_flags;
+};
+int ring_init(struct io_ring *r, unsigned entries, char *why, size_t why_len);
+void ring_exit(struct io_ring *r);
+struct io_uring_sqe *ring_get_sqe(struct io_ring *r);
+/* Publish the SQEs handed out, submit them, and wait for wait_nr completions. */
+int ring_enter(struct io_ring *r, unsigned wait_nr);
+struct io_uring_cqe *ring_peek_cqe(struct io_ring *r);
+void ring_cqe_seen(struct io_ring *r);
+/* Does the kernel take io_uring here (and IORING_OP_READ/WRITE)? */
+int ring_probe(char *why, size_t why_len);
+
+/* ---- files (io_file.c) ---- */
+struct phx_file {
+    int fd_direct; /* -1 when O_DIRECT is not used */
+    int fd_buf;
+    int flags;
+    _Atomic int direct_ok;      /* cleared when the first O_DIRECT I/O is refused */
+    _Atomic int cache_probe;    /* read mostly cached ranges buffered (cachestat) */
+    _Atomic int probe_misses;   /* consecutive probes that found nothing cached */
+    _Atomic uint32_t probe_tick;
+    uint32_t a_off, a_mem;      /* O_DIRECT alignments (file offset/length, memory) */
+    uint32_t align;             /* max(a_off, a_mem, page size): the planner's unit */
+    _Atomic int64_t known_size; /* largest end of a submitted write */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int64_t inflight;           /* requests + stream ops (mu) */
+    int closing;                /* (mu) */
+    /* test fault injection (phx_file_inject_fault) */
+    _Atomic int fault_err;
+    int64_t fault_off;
+    uint64_t fault_len;
+    char why[160];
+};
+/* Count a request in (-EBADF once closing) and out (wakes close). */
+int file_get(phx_file *f);
+void file_put(phx_file *f);
+void file_disable_direct(phx_file *f, const char *why);
+int file_fault(phx_file *f, int64_t off, uint64_t len);
+
+/* ---- bounce pool (io_pool.c) ---- */
+struct io_worker;
+struct io_seg {
+    char *base;
+    uint64_t size;
+    uint32_t nunits, used;
+    uint64_t *bits;
+    int registered;
+};
+struct io_pool {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct io_seg segs[IO_MAX_SEGS];
+    int nsegs;
+    uint64_t limit, seg_size, allocated, in_use;
+    const struct phx_dp_table *dp; /* NULL: slots are not host-registered */
+    int cond_waiters;              /* threads blocked in pool_alloc_many */
+    _Atomic int worker_waiters;    /* workers with a parked chunk */
+    struct phx_ctx *ctx;
+};
+int pool_init(struct io_pool *p, struct phx_ctx *ctx, uint64_t limit, uint64_t max_slot,
+              const struct phx_dp_table *dp);
+void pool_fini(struct io_pool *p);
+/* Non-blocking: NULL when the pool is full; `waiter` (if any) is then woken by the
+ * next pool_free. */
+void *pool_alloc(struct io_pool *p, uint64_t bytes, struct io_worker *waiter);
+/* Blocking, all or nothing: n slots of `bytes` each. */
+int pool_alloc_many(struct io_pool *p, int n, uint64_t bytes, char **out);
+void pool_free(struct io_pool *p, void *ptr, uint64_t bytes);
+uint64_t pool_round(uint64_t bytes);
+
+/* ---- requests ---- */
+enum { CH_USER = 0, CH_STAGED_CPU = 1, CH_STAGED_DEV = 2 };
+struct io_chunk;
+struct io_sub {
+    struct io_chunk *ch;
+    struct io_sub *next; /* threads engine: the worker's FIFO of subs to run */
+    int64_t off;      /* file offset */
+    uint64_t rel;     /* buffer offset from the chunk's base (user address or slot) */
+    char *buf;        /* resolved when the chunk starts */
+    uint64_t len, done;
+    uint8_t direct;   /* on the O_DIRECT descriptor */
+    uint8_t finished;
+    uint8_t fell_back; /* retried buffered after O_DIRECT said EINVAL */
+    int err;
+};
+struct io_chunk {
+    struct phx_req *req;
+    struct io_chunk *next; /* queue / parked / inbox link */
+    struct io_worker *owner;
+    int64_t foff;
+    uint64_t len;
+    char *user;            /* caller's address of foff */
+    char *slot;            /* bounce slot (staged) */
+    uint64_t slot_bytes;
+    uint32_t slot_off;     /* where foff lands in the slot */
+    uint8_t path, nsub, subs_left;
+    int err;
+    uint64_t got;
+    struct io_sub sub[3];
+};
+typedef void (*io_done_fn)(struct phx_req *r, void *arg);
+struct phx_req {
+    struct phx_ctx *ctx;
+    phx_file *file;
+    int op, mem, device, path;
+    int file_ref;           /* counted in the file (not for a stream op's own requests) */
+    char *addr;
+    int64_t foff;
+    uint64_t size;
+    _Atomic int refs;
+    _Atomic uint32_t state; /* 0 running, 1 done: futex word */
+    _Atomic int pending;    /* chunks left */
+    _Atomic int err;
+    int64_t err_off;
+    uint64_t err_len;
+    _Atomic int64_t eof_at; /* smallest file offset where a read came up short */
+    int64_t result;
+    io_done_fn on_done;
+    void *on_done_arg;
+    uint32_t nchunks;
+    struct io_chunk chunks[];
+};
+
+/* ---- workers and context (io_engine.c) ---- */
+struct io_worker {
+    struct phx_ctx *ctx;
+    int idx;
+    pthread_t th;
+    int efd;                 /* wakeup eventfd */
+    uint64_t efd_val;
+    int efd_armed;
+    int use_ring;
+    struct io_ring ring;
+    unsigned ring_inflight;  /* SQEs in the kernel (not counting the eventfd read) */
+    unsigned ring_room;      /* SQEs the ring can hold */
+    int cap, owned;          /* chunks this worker may hold / holds in their I/O phase */
+    uint64_t bytes_cap, owned_bytes; /* ... and their bytes (io_uring: IO_WORKER_BYTES) */
+    struct io_chunk *parked_head, *parked_tail; /* waiting for a bounce slot */
+    _Atomic int pool_wait;   /* set (pool mu) while a parked chunk waits for a slot */
+    int idle;                /* (ctx qmu) registered as wanting work */
+    _Atomic(struct io_chunk *) inbox; /* staged writes whose device copy finished */
+    struct io_sub *sync_head, *sync_tail; /* threads engine: subs to run */
+    void *streams[IO_MAX_DEVICES];
+    int cur_dev;
+    void *start;             /* startup handshake with phx_ctx_create */
+};
+struct phx_ctx {
+    struct phx_io_config cfg;
+    int engine;
+    char engine_why[200];
+    int has_dp;
+    struct phx_dp_table dp;
+    uint64_t chunk, stage_chunk;
+    struct io_pool pool;
+    pthread_mutex_t qmu;
+    struct io_chunk *q_head, *q_tail;
+    int64_t qlen;             /* (qmu) chunks queued */
+    int nworkers;
+    struct io_worker *workers;
+    struct io_worker **idle;  /* (qmu) stack of idle workers */
+    int nidle;
+    _Atomic int stop;
+    pthread_mutex_t mu;       /* inflight / destroy */
+    pthread_cond_t cv;
+    int64_t inflight;         /* requests + stream ops */
+};
+void worker_wake(struct io_worker *w);
+/* Submit one request internally (stream ops): no registration check, on_done called
+ * on completion from whichever thread completes it; the caller holds one reference. */
+int io_submit_one(phx_ctx *ctx, const struct phx_io_desc *d, int internal, io_done_fn on_done, void *arg,
+                  phx_req **out);
+int ctx_get(phx_ctx *ctx);
+void ctx_put(phx_ctx *ctx);
+/* futex flags: wait until *word != 0 (-ETIMEDOUT after timeout_ns >= 0); set it. */
+int io_wait_flag(_Atomic uint32_t *word, int64_t timeout_ns);
+void io_set_flag(_Atomic uint32_t *word);
+
+static inline uint64_t align_down(uint64_t v, uint64_t a) { return v & ~(a - 1); }
+static inline uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
+
+#endif

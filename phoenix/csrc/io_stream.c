@@ -1,0 +1,401 @@
+/* Stream-ordered I/O (read_async / write_async): file I/O queued on the caller's stream.
+ *
+ * Core side, data path. The caller's thread queues, on the caller's stream, host
+ * callbacks (the vendor's launch_host_func) and device copies; the stream runs them in
+ * order, so work queued before an op has finished when its I/O starts and work queued
+ * after it sees its bytes. Host callbacks here only submit requests to the workers,
+ * wait on futexes and free bounce slots: they never call the vendor runtime and never
+ * enter Python (the original Phoenix refused this API in its staging mode; here it
+ * works in every mode).
+ *
+ *   direct  (memory the CPU addresses: host memory, vendor direct_capable device
+ *           memory) one callback runs the whole request into/out of the caller's
+ *           memory through the workers and waits for it.
+ *   staged  reads:  [step 0: start reads of chunks 0..s-1 into slots, wait chunk 0]
+ *                   [copy slot 0 -> device] [step 1: start chunk s into slot 0 (its
+ *                   copy is done: stream order), wait chunk 1] [copy slot 1] ... [finish]
+ *           writes: [copy device -> slot 0] [step 0: start the write of chunk 0; wait
+ *                   for the write whose slot the next copy refills] ... [finish: wait
+ *                   for all writes]
+ *           with s slots per op (up to 4) taken from the bounce pool at submission,
+ *           all or nothing.
+ *
+ * The sizes of queued copies are fixed at submission, so a staged read is clamped to
+ * the file size known then (fstat, and the ends of writes submitted through this
+ * file): the device copy never writes bytes the file did not supply. If the file
+ * shrinks before the stream gets there, the missing bytes are zeros in the slot and
+ * the count says how many were read.
+ */
+#include "io_internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SOP_MAX_SLOTS 4
+
+struct sop_chunk {
+    struct phx_sop *sop;
+    int idx;
+    int64_t foff;
+    uint64_t len;
+    char *dev;       /* device address of foff */
+    char *slot;      /* where foff lands in its slot */
+    int started;
+    _Atomic uint32_t done;
+    int64_t result;
+};
+
+struct phx_sop {
+    phx_ctx *ctx;
+    phx_file *file;
+    int op, staged;
+    void *stream;
+    int64_t *user_bytes_done;
+    struct phx_io_desc desc; /* the whole op (direct) */
+    _Atomic int refs;
+    _Atomic uint32_t state;
+    int64_t result;
+    _Atomic int aborted;
+    int nch, nslots, next_start;
+    uint64_t slot_bytes, size;
+    char *slots[SOP_MAX_SLOTS];
+    _Atomic uint32_t direct_done;
+    int64_t direct_result;
+    struct sop_chunk ch[];
+};
+
+static void sop_unref(phx_sop *s)
+{
+    if (atomic_fetch_sub(&s->refs, 1) == 1)
+        free(s);
+}
+
+static void sop_complete(phx_sop *s, int64_t result)
+{
+    phx_ctx *ctx = s->ctx;
+    for (int i = 0; i < s->nslots; i++) {
+        pool_free(&ctx->pool, s->slots[i], s->slot_bytes);
+        s->slots[i] = NULL;
+    }
+    s->result = result;
+    if (s->user_bytes_done)
+        __atomic_store_n(s->user_bytes_done, result, __ATOMIC_RELEASE);
+    phx_file *f = s->file;
+    STAT_ADD(stream_ops, -1);
+    io_set_flag(&s->state);
+    file_put(f);
+    sop_unref(s);
+    ctx_put(ctx);
+}
+
+static void sop_chunk_done(phx_req *r, void *arg)
+{
+    struct sop_chunk *c = arg;
+    c->result = r->result;
+    io_set_flag(&c->done);
+}
+
+static void sop_chunk_start(phx_sop *s, int i)
+{
+    struct sop_chunk *c = &s->ch[i];
+    struct phx_io_desc d = {
+        .file = s->file,
+        .addr = (uint64_t)(uintptr_t)c->slot,
+        .size = c->len,
+        .file_offset = c->foff,
+        .op = s->op,
+        .mem = PHX_MEM_HOST,
+        .device = 0,
+        .mode = PHX_MODE_AUTO,
+    };
+    c->started = 1;
+    if (io_submit_one(s->ctx, &d, 1, sop_chunk_done, c, NULL) < 0) {
+        c->result = -ENOMEM;
+        io_set_flag(&c->done);
+    }
+}
+
+/* The op's count: the contiguous prefix of its chunks, or the first error. */
+static int64_t sop_tally(phx_sop *s)
+{
+    int64_t total = 0;
+    int short_seen = 0;
+    for (int i = 0; i < s->nch; i++) {
+        struct sop_chunk *c = &s->ch[i];
+        if (c->result < 0)
+            return c->result;
+        if (!short_seen)
+            total += c->result;
+        if ((uint64_t)c->result < c->len)
+            short_seen = 1;
+    }
+    return total;
+}
+
+/* ---- host callbacks (stream threads: no vendor calls, no Python) ---- */
+
+static void hf_read_step(void *arg)
+{
+    struct sop_chunk *c = arg;
+    phx_sop *s = c->sop;
+    if (atomic_load(&s->aborted))
+        return;
+    if (c->idx == 0) {
+        for (; s->next_start < s->nslots && s->next_start < s->nch; s->next_start++)
+            sop_chunk_start(s, s->next_start);
+    } else if (s->next_start < s->nch) {
+        /* its slot was chunk idx-1's, whose copy to the device has run */
+        sop_chunk_start(s, s->next_start++);
+    }
+    io_wait_flag(&c->done, -1);
+    if (c->result >= 0 && (uint64_t)c->result < c->len) /* shorter than at submission */
+        memset(c->slot + c->result, 0, c->len - (uint64_t)c->result);
+    else if (c->result < 0)
+        memset(c->slot, 0, c->len); /* never hand stale slot bytes to the device */
+}
+
+static void hf_write_step(void *arg)
+{
+    struct sop_chunk *c = arg;
+    phx_sop *s = c->sop;
+    if (atomic_load(&s->aborted))
+        return;
+    sop_chunk_start(s, c->idx);
+    /* the next copy refills the slot of chunk idx+1-nslots: its write must be done */
+    int reuse = c->idx + 1 - s->nslots;
+    if (c->idx + 1 < s->nch && reuse >= 0)
+        io_wait_flag(&s->ch[reuse].done, -1);
+}
+
+static void hf_finish(void *arg)
+{
+    phx_sop *s = arg;
+    if (atomic_load(&s->aborted))
+        return;
+    for (int i = 0; i < s->nch; i++)
+        if (s->ch[i].started)
+            io_wait_flag(&s->ch[i].done, -1);
+    sop_complete(s, sop_tally(s));
+}
+
+static void sop_direct_done(phx_req *r, void *arg)
+{
+    phx_sop *s = arg;
+    s->direct_result = r->result;
+    io_set_flag(&s->direct_done);
+}
+
+static void hf_direct(void *arg)
+{
+    phx_sop *s = arg;
+    if (atomic_load(&s->aborted))
+        return;
+    if (io_submit_one(s->ctx, &s->desc, 1, sop_direct_done, s, NULL) < 0) {
+        s->direct_result = -ENOMEM;
+        io_set_flag(&s->direct_done);
+    }
+    io_wait_flag(&s->direct_done, -1);
+    sop_complete(s, s->direct_result);
+}
+
+/* ---- submission (the caller's thread: vendor calls allowed) ---- */
+
+/* Queueing failed part-way: stop the callbacks already queued, wait for them and for
+ * the requests they started, and give everything back. */
+static int sop_abort(phx_sop *s, int err)
+{
+    const struct phx_dp_table *dp = &s->ctx->dp;
+    atomic_store(&s->aborted, 1);
+    dp->stream_synchronize(s->stream);
+    for (int i = 0; i < s->nch; i++)
+        if (s->ch[i].started)
+            io_wait_flag(&s->ch[i].done, -1);
+    /* (hf_direct, if it was queued, returns at once when aborted: nothing started) */
+    phx_ctx *ctx = s->ctx;
+    for (int i = 0; i < s->nslots; i++)
+        pool_free(&ctx->pool, s->slots[i], s->slot_bytes);
+    file_put(s->file);
+    STAT_ADD(stream_ops, -1);
+    free(s);
+    ctx_put(ctx);
+    return err;
+}
+
+int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64_t *bytes_done, phx_sop **out)
+{
+    if (!ctx || !d)
+        return -EINVAL;
+    if (!ctx->has_dp)
+        return -ENODEV; /* launch_host_func comes from the vendor */
+    if (!d->file)
+        return -EBADF;
+    if ((d->op != PHX_OP_READ && d->op != PHX_OP_WRITE) || d->file_offset < 0 || d->mem < PHX_MEM_HOST ||
+        d->mem > PHX_MEM_DEVICE_MAPPED || d->mode < PHX_MODE_AUTO || d->mode > PHX_MODE_DIRECT ||
+        d->size > (uint64_t)INT64_MAX - (uint64_t)d->file_offset || d->addr + d->size < d->addr)
+        return -EINVAL;
+    if (d->size && !d->addr)
+        return -EFAULT;
+    if (d->mem == PHX_MEM_DEVICE && d->mode == PHX_MODE_DIRECT)
+        return -EOPNOTSUPP;
+    if (d->size && phx_reg_lookup(d->addr, d->size, NULL) == -EFAULT)
+        return -EFAULT;
+    const struct phx_dp_table *dp = &ctx->dp;
+    phx_file *f = d->file;
+    int staged = d->mem == PHX_MEM_DEVICE || (d->mem == PHX_MEM_DEVICE_MAPPED && d->mode == PHX_MODE_STAGED);
+    uint64_t size = d->size;
+    if (staged && d->op == PHX_OP_READ && size) {
+        int64_t known = phx_file_size(f), pend = atomic_load(&f->known_size);
+        if (known < 0)
+            return (int)known;
+        if (pend > known)
+            known = pend;
+        size = d->file_offset >= known ? 0 : (uint64_t)(known - d->file_offset) < size ? (uint64_t)(known - d->file_offset) : size;
+    }
+    if (!size)
+        staged = 0; /* nothing to copy: one callback sets the count */
+
+    /* plan the chunks of a staged op */
+    int direct = atomic_load(&f->direct_ok);
+    uint64_t A = direct ? f->align : 4096;
+    uint64_t C = align_up(ctx->stage_chunk, A);
+    int nch = 0;
+    if (staged) {
+        uint64_t first = align_down((uint64_t)d->file_offset, C);
+        uint64_t last = align_down((uint64_t)d->file_offset + size - 1, C);
+        nch = (int)((last - first) / C + 1);
+    }
+    phx_sop *s = calloc(1, sizeof(*s) + (size_t)nch * sizeof(struct sop_chunk));
+    if (!s)
+        return -ENOMEM;
+    s->ctx = ctx;
+    s->file = f;
+    s->op = d->op;
+    s->staged = staged;
+    s->stream = stream;
+    s->user_bytes_done = bytes_done;
+    s->desc = *d;
+    s->desc.size = size;
+    s->size = size;
+    s->nch = nch;
+    atomic_init(&s->refs, out ? 2 : 1);
+    if (d->op == PHX_OP_WRITE && size) {
+        int64_t end = d->file_offset + (int64_t)size, cur = atomic_load(&f->known_size);
+        while (end > cur && !atomic_compare_exchange_weak(&f->known_size, &cur, end))
+            ;
+    }
+    int rc = file_get(f);
+    if (rc < 0) {
+        free(s);
+        return rc;
+    }
+    if ((rc = ctx_get(ctx)) < 0) {
+        file_put(f);
+        free(s);
+        return rc;
+    }
+    STAT_ADD(stream_ops, 1);
+    if (bytes_done)
+        *bytes_done = 0;
+
+    if (!staged) {
+        if (dp->launch_host_func(stream, hf_direct, s) != dp->success)
+            return sop_abort(s, -EIO);
+    } else {
+        s->slot_bytes = C + 2 * A;
+        uint64_t per = pool_round(s->slot_bytes);
+        int nslots = nch < SOP_MAX_SLOTS ? nch : SOP_MAX_SLOTS;
+        int fit = (int)(ctx->pool.limit / per);
+        if (nslots > fit)
+            nslots = fit < 1 ? 1 : fit;
+        if ((rc = pool_alloc_many(&ctx->pool, nslots, s->slot_bytes, s->slots)) < 0)
+            return sop_abort(s, rc);
+        s->nslots = nslots;
+        int64_t off = d->file_offset, end = d->file_offset + (int64_t)size;
+        for (int i = 0; i < nch; i++) {
+            struct sop_chunk *c = &s->ch[i];
+            int64_t next = (int64_t)align_down((uint64_t)off, C) + (int64_t)C;
+            if (next > end)
+                next = end;
+            c->sop = s;
+            c->idx = i;
+            c->foff = off;
+            c->len = (uint64_t)(next - off);
+            c->dev = (char *)(uintptr_t)(d->addr + (uint64_t)(off - d->file_offset));
+            /* foff lands where O_DIRECT can take it straight into the slot */
+            c->slot = s->slots[i % nslots] + (direct ? (uint64_t)off % A : 0);
+            off = next;
+        }
+        for (int i = 0; i < nch; i++) {
+            struct sop_chunk *c = &s->ch[i];
+            if (d->op == PHX_OP_READ) {
+                if (dp->launch_host_func(stream, hf_read_step, c) != dp->success)
+                    return sop_abort(s, -EIO);
+                if (dp->memcpy_async(c->dev, c->slot, c->len, dp->kind_h2d, stream) != dp->success)
+                    return sop_abort(s, -EIO);
+            } else {
+                if (dp->memcpy_async(c->slot, c->dev, c->len, dp->kind_d2h, stream) != dp->success)
+                    return sop_abort(s, -EIO);
+                if (dp->launch_host_func(stream, hf_write_step, c) != dp->success)
+                    return sop_abort(s, -EIO);
+            }
+        }
+        if (dp->launch_host_func(stream, hf_finish, s) != dp->success)
+            return sop_abort(s, -EIO);
+    }
+    if (out)
+        *out = s;
+    return 0;
+}
+
+int phx_sop_done(const phx_sop *s)
+{
+    return s && atomic_load_explicit(&((phx_sop *)s)->state, memory_order_acquire) != 0;
+}
+
+int phx_sop_wait(phx_sop *s, int64_t timeout_ns)
+{
+    if (!s)
+        return -EINVAL;
+    return io_wait_flag(&s->state, timeout_ns);
+}
+
+int64_t phx_sop_result(const phx_sop *s)
+{
+    if (!phx_sop_done(s))
+        return -EBUSY;
+    return s->result;
+}
+
+void phx_sop_release(phx_sop *s)
+{
+    if (s)
+        sop_unref(s);
+}
+
+void phx_io_test_hostfn(void *arg)
+{
+    struct phx_test_hostfn *t = arg;
+    int64_t res;
+    if (t->kind == 2) { /* a gate: hold the stream until *(int64_t *)src != 0 */
+        volatile int64_t *gate = (volatile int64_t *)(uintptr_t)t->src;
+        struct timespec ts = {0, 200000};
+        while (!__atomic_load_n(gate, __ATOMIC_ACQUIRE))
+            nanosleep(&ts, NULL);
+        res = 0;
+    } else if (t->kind == 3) { /* hold the stream for size microseconds */
+        struct timespec ts = {(time_t)(t->size / 1000000), (long)(t->size % 1000000) * 1000};
+        nanosleep(&ts, NULL);
+        res = 0;
+    } else if (t->kind == 0) {
+        memcpy((void *)(uintptr_t)t->dst, (const void *)(uintptr_t)t->src, t->size);
+        res = (int64_t)t->size;
+    } else {
+        ssize_t n = pread(t->fd, (void *)(uintptr_t)t->dst, t->size, t->offset);
+        res = n < 0 ? -errno : n;
+    }
+    t->result = res;
+    t->seq = t->counter ? __atomic_fetch_add(t->counter, 1, __ATOMIC_SEQ_CST) : 0;
+}

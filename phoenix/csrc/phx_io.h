@@ -1,0 +1,245 @@
+/* The I/O core: files <-> host or device memory, without the GIL.
+ *
+ * Core side. Python (phoenix/io.py) is the control plane: it opens files, classifies
+ * buffers and submits requests through this API with ctypes (which releases the GIL
+ * for every call). Everything per chunk runs here, on the core's own threads:
+ *
+ *   context   a worker pool (PHX_IO_ENGINE: one io_uring ring per worker, or workers
+ *             doing pread/pwrite), a bounce pool of pinned host memory, and a copy of
+ *             the vendor's data-path table (phx_vendor.h; NULL: host memory only).
+ *   file      two descriptors on one path: O_DIRECT (when the file system takes it)
+ *             and buffered (unaligned heads and tails, and the fallback).
+ *   request   one extent of a file <-> one extent of memory, split into chunks that
+ *             the workers run in parallel; a batch is many requests in one call.
+ *   stream op a request ordered on the caller's stream (read_async / write_async):
+ *             host callbacks queued with launch_host_func run the file I/O, device
+ *             copies queued between them move the bytes; results bound late.
+ *
+ * Paths, chosen per request (PHX_MODE; see io_engine.c):
+ *   user    the file I/O lands in the caller's memory: host memory (pinned, registered
+ *           or plain: zero-copy) and device memory the CPU can address (vendor
+ *           direct_capable: "direct"). O_DIRECT for the page-aligned body, buffered
+ *           I/O for an unaligned head or tail; memory whose address is not aligned the
+ *           way its file offset is goes through a bounce slot and a CPU copy.
+ *   staged  O_DIRECT into a pinned bounce slot, then memcpy_async to the device on a
+ *           per-worker stream (writes: device -> slot, then the write), pipelined.
+ *   buffered where O_DIRECT is refused (at open, or EINVAL at the first transfer), for
+ *           direct=OFF files, and for reads of ranges already in the page cache.
+ *
+ * Every call returns 0 (or a count) on success and a negative errno on failure.
+ */
+#ifndef PHX_IO_H
+#define PHX_IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "phx_vendor.h"
+
+#define PHX_IO_ABI 1
+
+/* ---- settings --------------------------------------------------------------------- */
+
+enum phx_engine { PHX_ENGINE_AUTO = 0, PHX_ENGINE_IO_URING = 1, PHX_ENGINE_THREADS = 2 };
+enum phx_mode { PHX_MODE_AUTO = 0, PHX_MODE_STAGED = 1, PHX_MODE_DIRECT = 2 };
+
+struct phx_io_config {
+    uint32_t threads;          /* workers (rings, for io_uring) */
+    uint32_t queue_depth;      /* chunks in flight per worker (io_uring) */
+    uint64_t chunk_size;       /* bytes per chunk, a multiple of 4096 */
+    uint64_t bounce_pool_size; /* most pinned bounce bytes the context may hold */
+    int32_t engine;            /* enum phx_engine */
+    uint32_t reserved;
+};
+
+/* Can `engine` run here? Returns the engine that would serve (IO_URING or THREADS;
+ * AUTO resolves) and writes why into reason; a negative errno when the requested
+ * engine cannot run (io_uring refused by the kernel or seccomp). */
+int phx_engine_probe(int engine, char *reason, size_t reason_len);
+
+/* ---- context ---------------------------------------------------------------------- */
+
+typedef struct phx_ctx phx_ctx;
+
+/* dp may be NULL (host memory only); it is copied. */
+int phx_ctx_create(const struct phx_io_config *cfg, const struct phx_dp_table *dp, phx_ctx **out);
+/* The engine serving (enum phx_engine), and why it was chosen. */
+int phx_ctx_engine(const phx_ctx *ctx, char *reason, size_t reason_len);
+/* Waits for every request and stream op of the context, stops the workers, frees the
+ * bounce pool. */
+void phx_ctx_destroy(phx_ctx *ctx);
+
+/* ---- files ------------------------------------------------------------------------ */
+
+typedef struct phx_file phx_file;
+
+enum {
+    PHX_F_READ = 1,
+    PHX_F_WRITE = 2,
+    PHX_F_CREATE = 4,
+    PHX_F_TRUNC = 8,
+    PHX_F_EXCL = 16,
+    PHX_F_SYNC = 32, /* O_DSYNC: every write is durable when it completes */
+};
+enum { PHX_DIRECT_OFF = 0, PHX_DIRECT_ON = 1, PHX_DIRECT_AUTO = -1 };
+
+/* direct: AUTO uses O_DIRECT where the file system takes it, except for reads of
+ * ranges mostly in the page cache already (asked with cachestat(2), Linux 6.5+; it
+ * backs off while the answer is no), which are read buffered; ON always uses O_DIRECT
+ * and fails (-EINVAL) where the file system refuses it; OFF never uses it. */
+int phx_file_open(const char *path, int flags, int perm, int direct, phx_file **out);
+/* Adopt a descriptor (the fd is dup'ed; the caller keeps its own). */
+int phx_file_from_fd(int fd, int direct, phx_file **out);
+/* Waits for the file's in-flight requests and stream ops, then closes. */
+int phx_file_close(phx_file *f);
+int phx_file_fsync(phx_file *f);
+int64_t phx_file_size(phx_file *f); /* fstat size, or -errno */
+
+/* 0 when the page-cache probe of direct=AUTO reads (cachestat) works for this file,
+ * else -errno (-ENOSYS: kernel older than 6.5; those files read O_DIRECT always). */
+int phx_cache_probe_works(phx_file *f);
+
+struct phx_file_info {
+    int32_t direct;            /* 1 when O_DIRECT is in use */
+    uint32_t dio_offset_align; /* file offset / length alignment of O_DIRECT */
+    uint32_t dio_mem_align;    /* memory alignment of O_DIRECT */
+    int32_t fd_direct, fd_buffered;
+    uint32_t reserved;
+    int64_t known_size;        /* largest end of a write submitted through this file */
+    char why[160];             /* why O_DIRECT is or is not used */
+};
+int phx_file_query(phx_file *f, struct phx_file_info *out);
+
+/* Test hook: every transfer of this file overlapping [offset, offset+length) fails
+ * with err (err 0 clears); EINVAL hits only O_DIRECT transfers, as a file system that
+ * refuses O_DIRECT at the first I/O does. Lets tests prove that a failed chunk fails
+ * only its request, and exercise the buffered fallback. */
+int phx_file_inject_fault(phx_file *f, int64_t offset, uint64_t length, int err);
+
+/* ---- requests --------------------------------------------------------------------- */
+
+enum phx_op { PHX_OP_READ = 0, PHX_OP_WRITE = 1 };
+enum phx_mem {
+    PHX_MEM_HOST = 0,          /* host memory: plain, pinned or registered */
+    PHX_MEM_DEVICE = 1,        /* device memory only the vendor's copies reach */
+    PHX_MEM_DEVICE_MAPPED = 2, /* device memory the CPU and the kernel can address */
+};
+
+struct phx_io_desc {
+    phx_file *file;
+    uint64_t addr;        /* buffer address (base + buffer offset) */
+    uint64_t size;        /* bytes */
+    int64_t file_offset;
+    int32_t op;           /* enum phx_op */
+    int32_t mem;          /* enum phx_mem */
+    int32_t device;       /* device ordinal for device memory */
+    int32_t mode;         /* enum phx_mode */
+};
+
+typedef struct phx_req phx_req;
+
+/* Submit n requests at once. out[i] receives a handle for every request, also for one
+ * refused at submission (it completes at once with its error): a failed request fails
+ * alone. Returns 0, or -errno when nothing was submitted (out of memory). */
+int phx_submit(phx_ctx *ctx, const struct phx_io_desc *descs, uint32_t n, phx_req **out);
+/* 0 once complete; -ETIMEDOUT after timeout_ns (< 0: wait forever). */
+int phx_req_wait(phx_req *r, int64_t timeout_ns);
+int phx_req_done(const phx_req *r);
+/* Bytes transferred (short at EOF), or -errno; valid once done. */
+int64_t phx_req_result(const phx_req *r);
+/* The failing extent of a failed request (the chunk that failed first). */
+int phx_req_error_extent(const phx_req *r, int64_t *offset, uint64_t *length);
+/* Drop the caller's handle; an in-flight request completes and frees itself. */
+void phx_req_release(phx_req *r);
+/* Batches: wait for all (results[i] as phx_req_result; NULL handles give -ENOMEM),
+ * -ETIMEDOUT if timeout_ns >= 0 passes first; release all (NULLs skipped). */
+int phx_req_wait_all(phx_req **reqs, uint32_t n, int64_t *results, int64_t timeout_ns);
+void phx_req_release_all(phx_req **reqs, uint32_t n);
+
+/* ---- stream-ordered I/O ----------------------------------------------------------- */
+
+typedef struct phx_sop phx_sop;
+
+/* Queue desc on `stream` (the vendor's handle) through launch_host_func: work queued
+ * before it has finished when its I/O starts, work queued after it sees its bytes.
+ * When the stream reaches its end, *bytes_done (if not NULL) and phx_sop_result hold
+ * the byte count or -errno. Submission errors are returned at once. out may be NULL
+ * (fire and forget: the op frees itself). Needs the context's data-path table. */
+int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *desc, void *stream, int64_t *bytes_done,
+                  phx_sop **out);
+int phx_sop_done(const phx_sop *s);
+int phx_sop_wait(phx_sop *s, int64_t timeout_ns);
+int64_t phx_sop_result(const phx_sop *s);
+void phx_sop_release(phx_sop *s);
+
+/* ---- registrations ---------------------------------------------------------------- */
+
+struct phx_reg_info {
+    uint64_t base, size;
+    int32_t mem, device;
+    int32_t refs;
+    uint32_t reserved;
+};
+
+/* Register [base, base+size): 0 when new, 1 when an exact duplicate (reference counted),
+ * -EINVAL for a zero size or an overlap with another registration. */
+int phx_reg_add(uint64_t base, uint64_t size, int mem, int device);
+/* Drop one reference of the registration starting at base: the references left, or
+ * -ENOENT for an unknown base. */
+int phx_reg_remove(uint64_t base);
+/* Where does [addr, addr+size) stand? 0: inside the registration written to out; 1: not
+ * registered; -EFAULT: starts inside a registration and runs past its end. */
+int phx_reg_lookup(uint64_t addr, uint64_t size, struct phx_reg_info *out);
+/* Drop every registration (driver close); returns how many there were. */
+int phx_reg_clear(void);
+
+/* Zero-copy from file mappings (hook for the vendor ports, not implemented yet).
+ *
+ * TODO(nvidia issue): a registration cache of file mappings: a file range that is
+ * mmap'd (MAP_SHARED, populated from the page cache) and host-registered once can be
+ * DMA'd to the device with a single memcpy_async (the anchors measure 54.7 GB/s at
+ * ~0.02 CPU s/GB against ~0.3 for copying through bounce buffers). Registering costs
+ * ~0.09 s/GiB, so the cache keeps mappings by (dev, ino, offset, length, mtime) and
+ * evicts by LRU under a byte budget. The staged read path asks phx_fmap_lookup first
+ * and falls back to bounce buffers on -ENOSYS / -ENOENT. */
+int phx_fmap_lookup(phx_file *f, int64_t offset, uint64_t length, void **host_addr);
+
+/* Is [addr, addr+size) readable memory of this process? 0, or -EFAULT (unmapped, or
+ * PROT_NONE: a freed buffer of the host vendor's arena). Probes the first and the last
+ * byte with process_vm_readv, which reports a bad address instead of faulting;
+ * -ENOSYS where that call is refused (seccomp). For raw (ptr, nbytes) host buffers. */
+int phx_mem_probe(uint64_t addr, uint64_t size);
+
+/* ---- counters --------------------------------------------------------------------- */
+
+struct phx_io_stats {
+    /* live objects: all zero once every file is closed, every buffer deregistered and
+     * every context destroyed */
+    int64_t contexts, threads, files, requests, stream_ops, registrations, worker_streams;
+    int64_t bounce_bytes, bounce_in_use;
+    /* cumulative */
+    int64_t bytes_read, bytes_written;
+    int64_t chunks_user, chunks_staged, chunks_staged_cpu;
+    int64_t io_direct, io_buffered, reissues, direct_fallbacks, uring_enters;
+    int64_t cache_hit_bytes, cache_misses; /* page-cache probes (cachestat) of O_DIRECT reads */
+};
+void phx_io_get_stats(struct phx_io_stats *out);
+
+/* Test hook: a host callback for launch_host_func that tests queue between stream
+ * I/O and copies, so that ordering is observed without any Python on the stream:
+ * kind 0 copies size bytes src -> dst (a snapshot of a buffer at that point of the
+ * stream), kind 1 preads size bytes of fd at offset into dst (a snapshot of the file);
+ * kind 2 holds the stream until the int64 at src is non-zero (a gate), kind 3 holds
+ * it for size microseconds; all then take
+ * a ticket from *counter into seq (the callback's place in time) and store the
+ * outcome (bytes or -errno) into result. */
+struct phx_test_hostfn {
+    int32_t kind, fd;
+    uint64_t dst, src, size;
+    int64_t offset;
+    int64_t *counter;
+    int64_t seq, result;
+};
+void phx_io_test_hostfn(void *arg);
+
+#endif

@@ -1,0 +1,212 @@
+"""Settings of the I/O stack: read from the environment, overridable in a ``with`` block.
+
+Control plane. Every setting lives in this one table:
+
+====================  ========================  =========  =====================================================
+setting               environment               default    meaning
+====================  ========================  =========  =====================================================
+``threads``           ``PHX_THREADS``           min(16,    I/O worker threads. io_uring engine: one ring per
+                                                max(4,     worker; threads engine: one pread/pwrite in flight
+                                                cores))    per worker. More workers copy cached (warm) data in
+                                                           parallel.
+``chunk_size``        ``PHX_CHUNK_SIZE``        8M         bytes per chunk: a request is cut at multiples of it
+                                                           (in file offsets) and its chunks run in parallel. A
+                                                           multiple of 4096, at most 1G; sizes take K/M/G.
+``queue_depth``       ``PHX_QUEUE_DEPTH``       32         chunks in flight per worker (io_uring engine), and
+                                                           at most 64 MiB of them: up to threads x queue_depth
+                                                           small I/Os in the kernel at once.
+``bounce_pool_size``  ``PHX_BOUNCE_POOL_SIZE``  256M       most pinned host memory for bounce buffers (staged
+                                                           path). Allocated on first use in segments, pinned
+                                                           through the vendor, kept until
+                                                           :func:`phoenix.io.shutdown`. A staged chunk is at
+                                                           most half of it, so two always fit.
+``mode``              ``PHX_MODE``              auto       ``auto``: per request, I/O lands straight in memory
+                                                           the CPU can address (host memory; device memory the
+                                                           vendor says is direct-capable), else it is staged.
+                                                           ``staged``: device memory always goes through bounce
+                                                           buffers and vendor copies. ``direct``: device memory
+                                                           must be direct-capable (an error says why not).
+                                                           Host memory is always read and written in place.
+``engine``            ``PHX_IO_ENGINE``         auto       ``io_uring`` (rings through raw system calls),
+                                                           ``threads`` (pread/pwrite workers), or ``auto``:
+                                                           io_uring where the kernel allows it, else threads
+                                                           (the reason: ``phoenix.io.capabilities()``).
+====================  ========================  =========  =====================================================
+
+Per file, ``phoenix.io.open(..., direct=None|True|False)`` chooses O_DIRECT (None: where the
+file system takes it; unaligned heads and tails always go through the buffered descriptor),
+and ``sync=True`` opens with O_DSYNC (each write durable when it completes).
+
+Use::
+
+    import phoenix.settings as ps
+    ps.get().chunk_size                 # the effective value now
+    with ps.override(threads=8, chunk_size="16M"):
+        ...                             # I/O submitted here uses 8 workers, 16 MiB chunks
+    ps.set(mode="staged")               # process-wide, until changed again
+
+Overrides are process-wide (like KvikIO's ``kvikio.defaults.set``), nest, and are undone
+at the end of the ``with`` block. Requests already submitted keep the settings they were
+submitted with; a change of threads, queue depth, chunk size, pool size or engine starts a
+new worker pool for the requests that follow (the old one finishes its work and exits).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import dataclasses
+import os
+import threading
+from collections.abc import Iterator
+
+from .vendor import parse_size
+
+MODES = ("auto", "staged", "direct")
+ENGINES = ("auto", "io_uring", "threads")
+
+#: setting name -> environment variable
+ENV = {
+    "threads": "PHX_THREADS",
+    "chunk_size": "PHX_CHUNK_SIZE",
+    "queue_depth": "PHX_QUEUE_DEPTH",
+    "bounce_pool_size": "PHX_BOUNCE_POOL_SIZE",
+    "mode": "PHX_MODE",
+    "engine": "PHX_IO_ENGINE",
+}
+
+
+def _default_threads() -> int:
+    return min(16, max(4, os.cpu_count() or 4))
+
+
+DEFAULTS = {
+    "threads": _default_threads(),
+    "chunk_size": 8 << 20,
+    "queue_depth": 32,
+    "bounce_pool_size": 256 << 20,
+    "mode": "auto",
+    "engine": "auto",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """One consistent set of values (what a request is submitted with)."""
+
+    threads: int
+    chunk_size: int
+    queue_depth: int
+    bounce_pool_size: int
+    mode: str
+    engine: str
+
+    def pool_key(self) -> tuple:
+        """The values a worker pool is built with (mode is per request)."""
+        return (self.threads, self.chunk_size, self.queue_depth, self.bounce_pool_size, self.engine)
+
+
+def _check(name: str, value, source: str):
+    """Validate and normalize one value; ValueError naming the setting and where it came from."""
+    if name in ("mode", "engine"):
+        text = str(value).strip().lower()
+        choices = MODES if name == "mode" else ENGINES
+        if text not in choices:
+            raise ValueError(f"{source}: {name}={value!r} is not one of {', '.join(choices)}")
+        return text
+    try:
+        n = parse_size(value) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{source}: {name}={value!r} is not an integer or a size (4096, 64K, 16M, 2G)") from None
+    if name == "threads" and not 1 <= n <= 1024:
+        raise ValueError(f"{source}: threads={n} must be between 1 and 1024")
+    if name == "queue_depth" and not 1 <= n <= 4096:
+        raise ValueError(f"{source}: queue_depth={n} must be between 1 and 4096")
+    if name == "chunk_size" and (n < 4096 or n % 4096 or n > 1 << 30):
+        raise ValueError(f"{source}: chunk_size={n} must be a multiple of 4096 between 4K and 1G")
+    if name == "bounce_pool_size" and n < 1 << 20:
+        raise ValueError(f"{source}: bounce_pool_size={n} must be at least 1M")
+    return n
+
+
+_lock = threading.Lock()
+_overrides: list[dict] = []  # stack: set() writes the bottom, override() pushes
+_base: dict = {}  # set() values
+_env_cache: tuple[tuple, dict] | None = None
+
+
+def _from_env() -> dict:
+    global _env_cache
+    raw = tuple(os.environ.get(var) for var in ENV.values())
+    cached = _env_cache
+    if cached is not None and cached[0] == raw:
+        return cached[1]
+    values = {}
+    for (name, var), text in zip(ENV.items(), raw, strict=True):
+        if text is not None and text.strip() != "":
+            values[name] = _check(name, text, f"environment {var}")
+    _env_cache = (raw, values)
+    return values
+
+
+def get() -> Settings:
+    """The effective settings now: defaults < environment < set() < override() blocks."""
+    values = dict(DEFAULTS)
+    values.update(_from_env())
+    with _lock:
+        values.update(_base)
+        for layer in _overrides:
+            values.update(layer)
+    return Settings(**values)
+
+
+def _validate(kwargs: dict, source: str) -> dict:
+    unknown = builtins.set(kwargs) - builtins.set(DEFAULTS)
+    if unknown:
+        raise TypeError(f"unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(DEFAULTS)}")
+    return {k: _check(k, v, source) for k, v in kwargs.items()}
+
+
+def set(**kwargs) -> None:  # noqa: A001 (KvikIO's name)
+    """Set values process-wide (above the environment, below active overrides)."""
+    values = _validate(kwargs, "phoenix.settings.set")
+    with _lock:
+        _base.update(values)
+
+
+def reset() -> None:
+    """Forget set() values (overrides in progress stay until their block ends)."""
+    with _lock:
+        _base.clear()
+
+
+@contextlib.contextmanager
+def override(**kwargs) -> Iterator[Settings]:
+    """``with override(threads=8, chunk_size="16M"): ...`` -- values for the block, then back."""
+    layer = _validate(kwargs, "phoenix.settings.override")
+    with _lock:
+        _overrides.append(layer)
+    try:
+        yield get()
+    finally:
+        with _lock:
+            # remove this block's layer (blocks may end out of order across threads)
+            for i in range(len(_overrides) - 1, -1, -1):
+                if _overrides[i] is layer:
+                    del _overrides[i]
+                    break
+
+
+def describe() -> list[dict]:
+    """The table above as data (for ``phx info``): name, env var, effective value, source."""
+    env = _from_env()
+    eff = get()
+    out = []
+    with _lock:
+        over = {k for layer in _overrides for k in layer}
+        set_keys = builtins.set(_base)
+    for name, var in ENV.items():
+        source = "override" if name in over else "set()" if name in set_keys else "environment" if name in env else "default"
+        out.append({"name": name, "env": var, "value": getattr(eff, name), "source": source})
+    return out
+

@@ -1,0 +1,101 @@
+"""Settings: environment, set(), override blocks, validation; engines and capabilities."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import phoenix.io as pio
+import phoenix.settings as ps
+from phoenix.registry import get_runtime
+
+
+@pytest.fixture(scope="module")
+def rt():
+    runtime = get_runtime("host")
+    pio.use_runtime(runtime)
+    yield runtime
+    pio.shutdown()
+    pio.use_runtime(None)
+
+
+def test_environment_and_layers(monkeypatch):
+    monkeypatch.setenv("PHX_THREADS", "3")
+    monkeypatch.setenv("PHX_CHUNK_SIZE", "1M")
+    monkeypatch.setenv("PHX_QUEUE_DEPTH", "7")
+    monkeypatch.setenv("PHX_BOUNCE_POOL_SIZE", "64MiB")
+    monkeypatch.setenv("PHX_MODE", "Staged")
+    monkeypatch.setenv("PHX_IO_ENGINE", "threads")
+    s = ps.get()
+    assert (s.threads, s.chunk_size, s.queue_depth, s.bounce_pool_size, s.mode, s.engine) == (
+        3, 1 << 20, 7, 64 << 20, "staged", "threads")
+    try:
+        ps.set(threads=5)
+        assert ps.get().threads == 5
+        with ps.override(threads=9, chunk_size="16M") as inner:
+            assert inner.threads == 9 and ps.get().chunk_size == 16 << 20
+            with ps.override(threads=2):
+                assert ps.get().threads == 2
+            assert ps.get().threads == 9
+        assert ps.get().threads == 5 and ps.get().chunk_size == 1 << 20
+        sources = {d["name"]: d["source"] for d in ps.describe()}
+        assert sources["threads"] == "set()" and sources["mode"] == "environment"
+    finally:
+        ps.reset()
+    assert ps.get().threads == 3
+
+
+@pytest.mark.parametrize("var,value,msg", [
+    ("PHX_THREADS", "0", "between 1 and 1024"),
+    ("PHX_CHUNK_SIZE", "1000", "multiple of 4096"),
+    ("PHX_QUEUE_DEPTH", "lots", "not an integer"),
+    ("PHX_MODE", "fast", "auto, staged, direct"),
+    ("PHX_IO_ENGINE", "aio", "auto, io_uring, threads"),
+])
+def test_bad_environment_names_the_variable(monkeypatch, var, value, msg):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ValueError, match=msg) as ei:
+        ps.get()
+    assert var in str(ei.value)
+
+
+def test_override_validates():
+    with pytest.raises(TypeError, match="unknown setting"):
+        with ps.override(thread=4):
+            pass
+    with pytest.raises(ValueError, match="chunk_size"):
+        with ps.override(chunk_size=123):
+            pass
+
+
+def test_docstring_documents_every_setting():
+    for name, var in ps.ENV.items():
+        assert f"``{name}``" in ps.__doc__ and f"``{var}``" in ps.__doc__
+
+
+@pytest.mark.parametrize("engine", ["io_uring", "threads"])
+def test_engine_setting_selects_the_engine(rt, engine, tmp_path):
+    if engine == "io_uring" and not pio.capabilities()["engines"]["io_uring"]["available"]:
+        pytest.skip("io_uring unavailable here")
+    data = np.arange(1 << 20, dtype=np.uint32).view(np.uint8)
+    with ps.override(engine=engine, threads=2):
+        before = pio.stats()["uring_enters"]
+        with pio.open(tmp_path / "e.bin", "w+") as f:
+            assert f.write(data) == data.nbytes
+        assert pio._current_engine().engine == engine
+        entered = pio.stats()["uring_enters"] - before
+    assert (entered > 0) == (engine == "io_uring")
+
+
+def test_capabilities_say_why(rt, tmp_path):
+    caps = pio.capabilities(tmp_path)
+    assert caps["engines"]["threads"]["available"]
+    assert caps["engines"]["auto"] in ("io_uring", "threads") and caps["engines"]["auto_why"]
+    assert caps["o_direct"]["path"] == str(tmp_path) and "why" in caps["o_direct"]
+    assert caps["vendor"]["name"] == "host" and caps["vendor"]["data_path"] == "complete"
+    modes = caps["modes"]
+    assert modes["host"]["available"] and modes["direct"]["available"] and modes["staged"]["available"]
+    assert not modes["zero_copy_file_mappings"]["available"] and "not implemented" in modes["zero_copy_file_mappings"]["why"]
+    assert caps["stream_ordered"]["available"]
+    assert "available" in caps["page_cache_probe"] and caps["page_cache_probe"]["why"]
+    assert set(caps["settings"]) == set(ps.DEFAULTS)

@@ -1,0 +1,304 @@
+"""Stream-ordered I/O (read_async / write_async) in every engine and mode.
+
+Ordering is observed with C host callbacks (``phx_io_test_hostfn``) and the vendor's
+copies queued on the same stream: no Python runs on the stream, so what the callbacks
+record is what the stream did.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import phoenix.io as pio
+import phoenix.settings as ps
+from phoenix._core import core_path
+from phoenix.errors import PhxIOError
+from phoenix.registry import get_runtime
+from phoenix.vendor import CopyKind
+
+POISON = 0x3C
+
+
+@pytest.fixture(scope="module")
+def rt():
+    runtime = get_runtime("host")
+    pio.use_runtime(runtime)
+    yield runtime
+    pio.shutdown()
+    pio.use_runtime(None)
+
+
+@pytest.fixture(params=["io_uring", "threads"])
+def engine(request):
+    with ps.override(engine=request.param):
+        yield request.param
+
+
+@pytest.fixture(params=["direct", "staged"])
+def mode(request):
+    with ps.override(mode=request.param):
+        yield request.param
+
+
+@pytest.fixture
+def stream(rt):
+    s = rt.stream_create(0)
+    yield s
+    rt.stream_synchronize(s)
+    rt.stream_destroy(s)
+
+
+@pytest.fixture
+def devmem(rt):
+    ptrs = []
+
+    def alloc(n, fill=POISON):
+        p = rt.device_alloc(n)
+        ptrs.append(p)
+        h = np.full(n, fill, np.uint8)
+        rt.memcpy(p, h.ctypes.data, n, CopyKind.HOST_TO_DEVICE)
+        return p
+
+    yield alloc
+    for p in ptrs:
+        rt.device_free(p)
+
+
+def dev_get(rt, ptr, n):
+    out = np.empty(n, np.uint8)
+    rt.memcpy(out.ctypes.data, ptr, n, CopyKind.DEVICE_TO_HOST)
+    return out
+
+
+def rand(n, seed):
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+class HostFns:
+    """C test callbacks queued on a stream; their tickets say in which order they ran."""
+
+    def __init__(self, rt):
+        self.rt = rt
+        self.counter = ctypes.c_int64(0)
+        self.args = []
+
+    def _queue(self, stream, **kw):
+        a = pio.TestHostFn(counter=ctypes.pointer(self.counter), seq=-1, result=-999, **kw)
+        self.args.append(a)
+        self.rt.launch_host_func(stream, pio.TEST_HOSTFN, ctypes.addressof(a))
+        return a
+
+    def snapshot_mem(self, stream, dst, src, n):
+        return self._queue(stream, kind=0, dst=dst, src=src, size=n)
+
+    def snapshot_file(self, stream, fd, dst, n, offset=0):
+        return self._queue(stream, kind=1, fd=fd, dst=dst, size=n, offset=offset)
+
+    def gate(self, stream, flag: ctypes.c_int64):
+        return self._queue(stream, kind=2, src=ctypes.addressof(flag))
+
+    def sleep(self, stream, microseconds: int):
+        return self._queue(stream, kind=3, size=microseconds)
+
+
+def test_order_with_copies_and_callbacks(rt, engine, mode, stream, devmem, tmp_path):
+    """[copy P1 -> A] [write A -> file] [callback: snapshot of the file] [copy P2 -> A]
+    [read file -> B] [copy B -> host Y] [callback: snapshot of B]: the write sees P1 (not
+    P2), the callback after it sees the file written, the read sees what the write wrote,
+    and the work after the read sees its bytes."""
+    n = 3 * (256 << 10) + 1234  # several chunks of 256K, an unaligned tail
+    p1, p2 = rand(n, 1), rand(n, 2)
+    a, b = devmem(n), devmem(n)
+    path = tmp_path / "order.bin"
+    path.write_bytes(b"")
+    fns = HostFns(rt)
+    file_snap = np.full(n, POISON, np.uint8)
+    y = np.full(n, POISON, np.uint8)
+    b_snap = np.full(n, POISON, np.uint8)
+    with ps.override(chunk_size="256K"), pio.open(path, "r+") as f, open(path, "rb") as fh:
+        rt.memcpy_async(a, p1.ctypes.data, n, CopyKind.HOST_TO_DEVICE, stream)
+        w = f.write_async((a, n), n, 0, 0, stream)
+        s1 = fns.snapshot_file(stream, fh.fileno(), file_snap.ctypes.data, n)
+        rt.memcpy_async(a, p2.ctypes.data, n, CopyKind.HOST_TO_DEVICE, stream)
+        r = f.read_async((b, n), n, 0, 0, stream)
+        rt.memcpy_async(y.ctypes.data, b, n, CopyKind.DEVICE_TO_HOST, stream)
+        s2 = fns.snapshot_mem(stream, b_snap.ctypes.data, b, n)
+        rt.stream_synchronize(stream)
+        assert w.bytes_done == n and r.bytes_done == n
+    assert s1.result == n and (s1.seq, s2.seq) == (0, 1)
+    np.testing.assert_array_equal(file_snap, p1)
+    np.testing.assert_array_equal(np.frombuffer(path.read_bytes(), np.uint8), p1)
+    np.testing.assert_array_equal(y, p1)
+    np.testing.assert_array_equal(b_snap, p1)
+    np.testing.assert_array_equal(dev_get(rt, a, n), p2)
+
+
+def test_results_are_bound_late(rt, engine, mode, stream, devmem, tmp_path):
+    n = 100_000
+    data = rand(n, 3)
+    path = tmp_path / "late.bin"
+    path.write_bytes(data.tobytes())
+    d = devmem(n + 10)
+    gate = ctypes.c_int64(0)
+    fns = HostFns(rt)
+    with pio.open(path, "r") as f:
+        fns.gate(stream, gate)  # the stream waits here
+        op = f.read_async((d, n + 10), n, 0, 10, stream)
+        time.sleep(0.05)
+        assert op.bytes_done is None and not op.done()
+        gate.value = 1
+        rt.stream_synchronize(stream)
+        assert op.done() and op.bytes_done == n and op.result() == n
+    got = dev_get(rt, d, n + 10)
+    np.testing.assert_array_equal(got[10:], data)
+    assert (got[:10] == POISON).all()
+
+
+def test_host_callbacks_never_enter_python(rt, engine, mode, stream, devmem, tmp_path):
+    """Wait for a stream op with a call that holds the GIL all along (ctypes.PyDLL does
+    not release it): if any callback of the op needed Python it could not run, and the
+    wait would time out instead of returning 0."""
+    n = 5 * (128 << 10) + 77
+    data = rand(n, 4)
+    path = tmp_path / "gil.bin"
+    path.write_bytes(data.tobytes())
+    d = devmem(n)
+    holding = ctypes.PyDLL(core_path())
+    holding.phx_sop_wait.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    holding.phx_sop_wait.restype = ctypes.c_int
+    with ps.override(chunk_size="128K"), pio.open(path, "r+") as f:
+        fns = HostFns(rt)  # (must outlive the stream's use of it)
+        fns.sleep(stream, 100_000)  # the stream starts the ops while this thread holds the GIL
+        w = f.write_async((d, n), n, n, 0, stream)
+        r = f.read_async((d, n), n, 0, 0, stream)
+        t0 = time.perf_counter()
+        assert holding.phx_sop_wait(r._sop, int(20e9)) == 0, "the stream op needed the GIL"
+        assert holding.phx_sop_wait(w._sop, int(20e9)) == 0
+        assert time.perf_counter() - t0 >= 0.02  # it did wait for the stream
+        rt.stream_synchronize(stream)
+        del fns
+        assert w.bytes_done == n and r.bytes_done == n
+    np.testing.assert_array_equal(dev_get(rt, d, n), data)
+
+
+def test_staged_read_never_copies_bytes_past_eof(rt, engine, stream, devmem, tmp_path):
+    path = tmp_path / "eof.bin"
+    data = rand(10_000, 5)
+    path.write_bytes(data.tobytes())
+    d = devmem(50_000)
+    with ps.override(mode="staged", chunk_size="4K"), pio.open(path, "r") as f:
+        op = f.read_async((d, 50_000), 40_000, 2_000, 1_000, stream)
+        op0 = f.read_async((d, 50_000), 100, 20_000, 0, stream)
+        rt.stream_synchronize(stream)
+        assert op.bytes_done == 8_000 and op0.bytes_done == 0
+    got = dev_get(rt, d, 50_000)
+    np.testing.assert_array_equal(got[1_000:9_000], data[2_000:])
+    assert (got[:1_000] == POISON).all() and (got[9_000:] == POISON).all()
+
+
+def test_pending_writes_extend_the_readable_size(rt, engine, mode, stream, devmem, tmp_path):
+    """A read queued after a write that grows the file reads what the write will write:
+    the size known at submission includes this process's pending writes."""
+    path = tmp_path / "grow.bin"
+    path.write_bytes(b"")
+    n = 300_000
+    a, b = devmem(n), devmem(n)
+    data = rand(n, 6)
+    rt.memcpy(a, data.ctypes.data, n, CopyKind.HOST_TO_DEVICE)
+    with ps.override(chunk_size="64K"), pio.open(path, "r+") as f:
+        w = f.write_async((a, n), n, 0, 0, stream)
+        r = f.read_async((b, n), n, 0, 0, stream)
+        rt.stream_synchronize(stream)
+        assert (w.bytes_done, r.bytes_done) == (n, n)
+    np.testing.assert_array_equal(dev_get(rt, b, n), data)
+
+
+def test_many_chunks_reuse_few_slots(rt, engine, stream, devmem, tmp_path):
+    """40 chunks through 4 bounce slots per op, writes then reads, several ops queued."""
+    path = tmp_path / "slots.bin"
+    n = 40 * (64 << 10) + 99
+    data = rand(n, 7)
+    a, b = devmem(n), devmem(n)
+    rt.memcpy(a, data.ctypes.data, n, CopyKind.HOST_TO_DEVICE)
+    with ps.override(mode="staged", chunk_size="64K"), pio.open(path, "w+") as f:
+        ops = [f.write_async((a, n), n // 2, 0, 0, stream), f.write_async((a, n), n - n // 2, n // 2, n // 2, stream)]
+        ops.append(f.read_async((b, n), n, 0, 0, stream))
+        rt.stream_synchronize(stream)
+        assert [op.bytes_done for op in ops] == [n // 2, n - n // 2, n]
+    np.testing.assert_array_equal(dev_get(rt, b, n), data)
+    assert pio.stats()["bounce_in_use"] == 0
+
+
+def test_host_memory_on_a_stream(rt, engine, stream, tmp_path):
+    path = tmp_path / "host.bin"
+    data = rand(70_000, 8)
+    out = np.full(70_000, POISON, np.uint8)
+    with pio.open(path, "w+") as f:
+        w = f.write_async(data, stream=stream)
+        r = f.read_async(out, stream=stream)
+        rt.stream_synchronize(stream)
+        assert (w.result(), r.result()) == (70_000, 70_000)
+    np.testing.assert_array_equal(out, data)
+
+
+def test_errors_are_late_negative_errno(rt, engine, mode, stream, devmem, tmp_path):
+    path = tmp_path / "err.bin"
+    path.write_bytes(b"\0" * 8192)
+    d = devmem(8192)
+    with pio.open(path, "r") as f:
+        op = f.write_async((d, 8192), 8192, 0, 0, stream)  # read-only file
+        rt.stream_synchronize(stream)
+        assert op.bytes_done == -errno.EBADF
+        with pytest.raises(PhxIOError) as ei:
+            op.result()
+        assert ei.value.errno == errno.EBADF and ei.value.path == str(path)
+        f._inject_fault(4096, 1, errno.EIO)
+        op = f.read_async((d, 8192), 8192, 0, 0, stream)
+        rt.stream_synchronize(stream)
+        assert op.bytes_done == -errno.EIO
+        with pytest.raises(PhxIOError):  # submission errors: at once
+            f.read_async((d, 8192), 8193, 0, 0, stream)
+
+
+def test_close_waits_for_queued_stream_ops(rt, engine, mode, stream, devmem, tmp_path):
+    path = tmp_path / "close.bin"
+    data = rand(50_000, 9)
+    path.write_bytes(data.tobytes())
+    d = devmem(50_000)
+    gate, fns = ctypes.c_int64(0), HostFns(rt)
+    f = pio.open(path, "r")
+    fns.gate(stream, gate)
+    op = f.read_async((d, 50_000), stream=stream)
+    closer = threading.Thread(target=f.close)
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive(), "close() returned while a stream op of the file was queued"
+    gate.value = 1
+    closer.join(10)
+    assert not closer.is_alive() and f.closed
+    assert op.result() == 50_000
+    rt.stream_synchronize(stream)
+    del fns
+    np.testing.assert_array_equal(dev_get(rt, d, 50_000), data)
+
+
+def test_dropped_stream_op_keeps_its_buffer(rt, stream, tmp_path):
+    path = tmp_path / "drop.bin"
+    data = rand(30_000, 10)
+    path.write_bytes(data.tobytes())
+    gate, fns = ctypes.c_int64(0), HostFns(rt)
+    fns.gate(stream, gate)
+    out = np.full(30_000, POISON, np.uint8)
+    with pio.open(path, "r") as f:
+        f.read_async(bytearray(30_000), stream=stream)  # dropped at once: kept alive inside
+        f.read_async(out, stream=stream)
+        gate.value = 1
+    rt.stream_synchronize(stream)
+    del fns
+    np.testing.assert_array_equal(out, data)
