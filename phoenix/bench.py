@@ -16,7 +16,6 @@ gbps, cpu_s_per_gb, threads, chunk, size, ...) and a PNG to ``--plot``.
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import datetime
 import json
@@ -298,8 +297,8 @@ def run(args) -> list[dict]:
             impls = []
             if op == "read":
                 impls.append(("raw_odirect" if not warm else "raw_buffered",
-                              lambda t=threads: b._raw(False, False, size, chunk, t, odirect=not warm)))
-                impls.append(("naive", lambda t=threads: b._naive(False, size, chunk, t, odirect=not warm)))
+                              lambda t=threads, w=warm: b._raw(False, False, size, chunk, t, odirect=not w)))
+                impls.append(("naive", lambda t=threads, w=warm: b._naive(False, size, chunk, t, odirect=not w)))
                 impls.append(("phoenix", lambda t=threads: b._phoenix_read(size, t, chunk)))
             else:
                 impls.append(("raw_odirect", lambda t=threads: b._raw(True, False, size, chunk, t)))
@@ -390,7 +389,7 @@ def plot(records: list[dict], path: str) -> str:
         pts.sort()
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{impl} ({cache})")
     h2d = [r for r in records if r["impl"] == "h2d_pinned"]
-    for ax, title in zip(axes, ("read: file -> device", "write: device -> file")):
+    for ax, title in zip(axes, ("read: file -> device", "write: device -> file"), strict=True):
         if h2d and ax is axes[0]:
             ax.axhline(h2d[0]["gbps"], color="gray", linestyle="--", label="pinned H2D (bus)")
         ax.set_xscale("log", base=2)

@@ -26,6 +26,7 @@ from .vendor import (
     VendorRuntime,
 )
 
+
 class PointerAttributes(ctypes.Structure):
     """``cudaPointerAttributes`` (CUDA >= 10): type, device, devicePointer, hostPointer."""
 
