@@ -1,8 +1,10 @@
-"""``phx-port``: the porter's command. Run the conformance suite, list vendors.
+"""``phx-port``: the porter's command. Scaffold a port, check it, run the conformance suite, list vendors.
 
 Control plane. A port is ``vendors/<name>/runtime.py`` (in-tree), a package in the
 ``phoenix.vendors`` entry-point group, or a directory on ``PHX_VENDOR_PATH``::
 
+    phx-port new <name> --like cuda --prefix mc --lib libmcruntime.so   # render templates/
+    phx-port check <name>                # both files, every operation, page size, kernel build
     phx-port list                        # every vendor found, available or not, and why
     phx-port test <name>                 # the conformance suite -> capability table + report
     phx-port test <name> -k copies       # only some tests (pytest -k)
@@ -66,9 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    # Later subcommands plug in here, each with its own parser and function:
-    #   new <name>   render templates/ into vendors/<name>/ (--like cuda --prefix mc)
-    #   check <name> static checks of a port (prototype table, data-path symbols)
+    _add_new(sub)
+    _add_check(sub)
 
     p = sub.add_parser(
         "test",
@@ -109,6 +110,159 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the list as JSON")
     p.set_defaults(func=cmd_list)
     return parser
+
+
+EPILOG_NEW = """\
+Writes NAME's two files, runtime.py (userspace) and p2p.c (kernel), and a README:
+into vendors/NAME/ of this phoenix checkout, into --vendors-dir DIR/NAME/, or, with
+--out DIR, as an out-of-tree package (DIR/pyproject.toml with the phoenix.vendors entry
+point, DIR/phoenix_vendor_NAME/). Nothing outside that directory is touched, and an
+existing directory is never overwritten.
+
+--like cuda --prefix P --lib LIB: the runtime is CUDA-shaped (PMalloc, PMemcpyAsync,
+PLaunchHostFunc, ...: CUDA's API with another prefix). runtime.py is then complete as
+generated (the library found through PHX_NAME_LIBRARY, $NAME_PATH/lib or the loader's
+path), and `phx-port test NAME --emulated` passes against an emulated LIB unedited.
+Without --like: a blank port whose every operation is a marked place to fill, with
+its contract beside it; the suite fails each one, naming its file:line.
+
+p2p.c is a skeleton in both cases (kernel P2P interfaces differ by vendor): it builds,
+loads, and registers as unavailable until its TODO(phx-port) places are filled.
+
+Examples:
+  phx-port new acme --like cuda --prefix acme --lib libacmert.so --pci-vendor 0x1eac
+  phx-port new acme --out ./phoenix-vendor-acme          # blank, out of tree
+Then: phx-port check NAME; phx-port test NAME [--emulated]; docs/porting.md.
+"""
+
+EPILOG_CHECK = """\
+Checks, each reported as file:line: level: message (levels: ok, error, not implemented,
+skipped, note):
+  files            runtime.py and p2p.c present
+  import, name     runtime.py imports; Runtime.name equals NAME
+  operations       every operation of phoenix/vendor.py implemented (a method that
+                   still calls the generated _fill_me placeholder is not)
+  page size        p2p.c's .page_size equals runtime.py's p2p_page_size, a power of two
+  kernel side      each TODO(phx-port) place of p2p.c still to fill
+  kernel build     p2p.c built with the core module by kernel/Makefile (-Werror) against
+                   the running kernel's headers or /usr/src/linux-headers-*; without
+                   headers (or --kdir none) a gcc -fsyntax-only check against stub headers
+  prototype table  every required symbol of the port's table present in the runtime
+                   library, when the library is installed here
+Exit status: 0 when nothing is an error or not implemented, 1 otherwise, 2 for a usage error.
+"""
+
+
+def _add_new(sub) -> None:
+    p = sub.add_parser(
+        "new",
+        help="scaffold a new port (runtime.py + p2p.c) from phoenix's templates",
+        description="Render phoenix's jinja2 templates into a new vendor port: runtime.py, p2p.c and a README.",
+        epilog=EPILOG_NEW,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("name", help="vendor name: a lowercase Python identifier, not reserved, not an existing vendor "
+                                "(it names the directory, PHX_VENDOR=NAME and phx_NAME.ko)")
+    p.add_argument("--like", choices=("cuda",), default=None,
+                   help="the runtime's shape: 'cuda' for a CUDA-shaped runtime with another symbol prefix "
+                        "(needs --prefix and --lib); without it, a blank port")
+    p.add_argument("--prefix", metavar="P", help="the runtime's symbol prefix (mc for mcMalloc, hip for hipMalloc)")
+    p.add_argument("--lib", dest="library", metavar="LIB",
+                   help="the runtime library's file name, lib<name>.so[.N] (libmcruntime.so); with --like cuda "
+                        "also the emulator's name for `phx-port test NAME --emulated`")
+    p.add_argument("--pci-vendor", metavar="0xNNNN",
+                   help="PCI vendor id of the devices, for p2p.c (lspci -nn); left as a place to fill if not given")
+    p.add_argument("--page-size", default="65536", metavar="BYTES",
+                   help="P2P page size, a power of two >= 4096 (65536, 64K, 2M), written equal into runtime.py "
+                        "(p2p_page_size) and p2p.c (.page_size); default 65536")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", metavar="DIR",
+                       help="write an out-of-tree package into DIR (pyproject.toml with the phoenix.vendors entry "
+                            "point, DIR/phoenix_vendor_NAME/) instead of vendors/NAME/")
+    where.add_argument("--vendors-dir", metavar="DIR",
+                       help="write DIR/NAME/ instead of this checkout's vendors/NAME/ (found through "
+                            "PHX_VENDOR_PATH=DIR)")
+    p.add_argument("--json", action="store_true", help="print what was written as JSON")
+    p.set_defaults(func=cmd_new)
+
+
+def _add_check(sub) -> None:
+    p = sub.add_parser(
+        "check",
+        help="static checks of a port: both files, every operation, page size, kernel build, prototype table",
+        description="Check a vendor port without running it: both files present, every operation implemented, "
+                    "the page size equal on both sides, the kernel file compiling, the prototype table "
+                    "resolving against the runtime library. Each finding points at file:line.",
+        epilog=EPILOG_CHECK,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("name", help="vendor to check (see `phx-port list`)")
+    p.add_argument("--dir", metavar="DIR",
+                   help="the directory holding runtime.py and p2p.c (default: where phoenix finds NAME)")
+    p.add_argument("--kdir", metavar="DIR",
+                   help="kernel build tree to compile p2p.c against (default: /lib/modules/$(uname -r)/build, "
+                        "else the newest /usr/src/linux-headers-*-amd64); 'none': syntax check with stub headers")
+    p.add_argument("--no-kernel-build", action="store_true", help="do not compile p2p.c")
+    p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    p.set_defaults(func=cmd_check)
+
+
+# -- new / check ---------------------------------------------------------------------------
+
+
+def cmd_new(args) -> int:
+    from phoenix import scaffold
+
+    try:
+        req = scaffold.NewPort(
+            name=args.name, like=args.like, prefix=args.prefix, library=args.library,
+            pci_vendor=scaffold.parse_pci_vendor(args.pci_vendor) if args.pci_vendor else None,
+            page_size=scaffold.parse_page_size(args.page_size), out=args.out, vendors_dir=args.vendors_dir,
+            command="phx-port " + shlex.join(args.argv))
+        target, files = scaffold.generate(req)
+    except scaffold.ScaffoldError as exc:
+        print(f"phx-port new: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"vendor": args.name, "directory": target, "files": files}, indent=2))
+        return 0
+    kind = f"CUDA-shaped port ({args.prefix}*, {args.library})" if args.like else "blank port"
+    print(f"{kind} {args.name!r} written to {target}:")
+    for f in files:
+        print(f"  {f}")
+    find = ""
+    if args.vendors_dir:
+        find = f"PHX_VENDOR_PATH={os.path.abspath(args.vendors_dir)} "
+    elif args.out:
+        print(f"\ninstall it so phoenix finds it: pip install -e {target}")
+    print("\nnext:")
+    print(f"  {find}phx-port check {args.name}" + (f" --dir {os.path.dirname(next(f for f in files if f.endswith('runtime.py')))}" if args.out else ""))
+    if args.like:
+        print(f"  {find}phx-port test {args.name} --emulated     # the suite against an emulated {args.library}")
+    else:
+        print(f"  {find}phx-port test {args.name}                # names every operation still to fill")
+    print("  docs/porting.md walks through the rest")
+    return 0
+
+
+def cmd_check(args) -> int:
+    from phoenix import scaffold
+
+    rep = scaffold.check(args.name, directory=args.dir, kdir=args.kdir, compile_kernel=not args.no_kernel_build)
+    if rep.directory is None:
+        print(f"phx-port check: {rep.findings[0].message}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(rep.as_dict(), indent=2))
+    else:
+        print(f"phx-port check {args.name}: {rep.directory or '(not found)'}")
+        for f in rep.findings:
+            print(f.format())
+        todo = sum(f.level == "todo" for f in rep.findings)
+        err = sum(f.level == "error" for f in rep.findings)
+        print(f"\n{args.name}: {'FAIL' if rep.failed else 'PASS'}: {err} error(s), {todo} not implemented")
+    args.rc = 1 if rep.failed else 0
+    return args.rc
 
 
 # -- list -------------------------------------------------------------------------------
