@@ -61,6 +61,14 @@ CAPABILITIES: dict[str, str] = {
     "pointer_queries": "device (ordinal, allocation base and size), pinned and plain host, freed memory",
     "data_path_table": "raw C entry points for the I/O core: ABI version, required fields, callable",
     "errors": "bad/freed pointers, double free, zero/absurd sizes, wrong direction, destroyed stream",
+    "io_roundtrip": "file <-> device memory in each I/O engine and mode (futures, batches, host memory, every device)",
+    "io_unaligned": "unaligned file offsets, buffer offsets and sizes; the file around an extent survives",
+    "io_large_offsets": "sparse files: extents at and beyond 4 GiB, holes read as zeros",
+    "io_eof": "short reads at end of file return the count; bytes beyond it untouched",
+    "io_concurrency": "reads and writes from several threads at once, checked against a reference",
+    "io_stream_ordering": "read_async/write_async keep stream order with copies and host callbacks",
+    "io_extents": "an extent past its registration or allocation: EFAULT, nothing written (guards checked)",
+    "io_errors": "closed file, wrong open mode, ENOSPC, bad arguments: PhxIOError naming file, offset, length",
 }
 
 #: how many crashed or hung tests a run steps over before it gives up
