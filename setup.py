@@ -14,6 +14,31 @@ import glob
 import os
 
 from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+# libphxfile.so (phoenix/csrc/phxfile/): the frozen phxFile* C ABI that LMCache loads with
+# ctypes. A plain shared library, not an extension module: built as one more Extension
+# whose file name is exactly phoenix/lib/libphxfile.so (no ABI tag), with a soname and a
+# version script that exports the ten phxFile* symbols and nothing else.
+PHXFILE = "phoenix.lib.libphxfile"
+
+
+class BuildExt(build_ext):
+    def get_ext_filename(self, fullname):
+        parts = fullname.split(".")
+        if parts[-1] == PHXFILE.rsplit(".", 1)[-1]:  # asked with the full name and with the last part
+            return os.path.join(*parts[:-1], "libphxfile.so")
+        return super().get_ext_filename(fullname)
+
+    def copy_extensions_to_source(self):  # editable / in-place: phoenix/lib may not exist yet
+        self.mkpath(os.path.join(HERE, "phoenix", "lib"))
+        super().copy_extensions_to_source()
+
+    def get_export_symbols(self, ext):
+        if ext.name == PHXFILE:
+            return []  # no PyInit_: the version script says what is exported
+        return super().get_export_symbols(ext)
+
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -32,7 +57,7 @@ setup(
     packages=packages,
     package_dir=package_dir,
     package_data={
-        "phoenix": ["csrc/*.h", "csrc/*.c"],
+        "phoenix": ["csrc/*.h", "csrc/*.c", "csrc/phxfile/*.c", "csrc/phxfile/*.h", "csrc/phxfile/*.map"],
         "phoenix.vendors": ["*.md"],
         **{f"phoenix.vendors.{d}": ["*.c", "*.h", "*.md", "Kbuild", "Makefile"] for d in _subdirs("vendors")},
         "phoenix.templates": ["*.j2", "*.md"],
@@ -45,6 +70,17 @@ setup(
             include_dirs=["phoenix/csrc"],
             extra_compile_args=["-O2", "-std=gnu11", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             extra_link_args=["-pthread"],
-        )
+        ),
+        Extension(
+            PHXFILE,
+            sources=["phoenix/csrc/phxfile/phxfile.c"],
+            include_dirs=["phoenix/csrc"],
+            depends=["phoenix/csrc/phxfile/phxfile.map", "phoenix/csrc/phxfile/phxfile.h", "phoenix/csrc/phx_io.h"],
+            extra_compile_args=["-O2", "-std=gnu11", "-pthread", "-fvisibility=hidden", "-Wall", "-Wextra",
+                                "-Wno-unused-parameter"],
+            extra_link_args=["-pthread", "-ldl", "-Wl,-soname,libphxfile.so",
+                             "-Wl,--version-script=" + os.path.join(HERE, "phoenix", "csrc", "phxfile", "phxfile.map")],
+        ),
     ],
+    cmdclass={"build_ext": BuildExt},
 )

@@ -1,0 +1,549 @@
+/* libphxfile.so: the frozen phxFile* ABI (phxfile.h) on phoenix's I/O core.
+ *
+ * Adapter. LMCache's `phx` GDS backend loads this library with ctypes inside a Python
+ * process and calls it without calling phxFileDriverOpen first, so every entry point
+ * opens the driver lazily. Opening asks Python (phoenix/phxfile.py, through the CPython
+ * C API under PyGILState_Ensure) for what only the control plane knows: the vendor
+ * selected by PHX_VENDOR, a core context built with that vendor's data-path table, and
+ * the core's entry points (the C core phoenix._phxcore already loaded in the process:
+ * one registration table, one host-vendor arena). Buffer registration asks Python once
+ * per vendor allocation where the memory lives (host, device, device the CPU can
+ * address); LMCache's many adjacent 16 MiB regions of one tensor hit a cache.
+ *
+ * The I/O path (phxFileReadAsync / phxFileWriteAsync) never takes the GIL for a
+ * registered buffer: a registration lookup (binary search in the core), then
+ * phx_stream_io, which queues the transfer on the caller's stream with the vendor's
+ * launch_host_func; *bytes_done is bound when the stream gets there. An unregistered
+ * buffer is classified through Python (slow path, like cuFile's unregistered buffers).
+ *
+ * The CPython API is resolved with dlsym at open time: the library has no link-time
+ * dependency on libpython, and outside a Python process every call says -ENOSYS.
+ *
+ * Extent rule: [buf_base + buf_offset, +nbytes) must lie inside the registration that
+ * holds buf_base (or, for an unregistered buf_base, must not start inside a
+ * registration and run past it): otherwise -EFAULT at submission, nothing moves.
+ *
+ * Lock order: the GIL, then open_lock, then state_lock. The I/O path takes only
+ * state_lock (shared) and never waits for the GIL while holding it.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../phx_io.h"
+#include "phxfile.h"
+
+#define PHXFILE_API __attribute__((visibility("default")))
+
+/* ---- what Python hands over (phoenix/phxfile.py: _CoreTable, _Class) ---------------- */
+
+#define PHXFILE_CORE_ABI 1
+
+struct phxfile_core {
+    uint32_t abi;  /* PHXFILE_CORE_ABI (set here, checked there) */
+    int32_t mode;  /* enum phx_mode for every op (PHX_MODE) */
+    uint64_t ctx;  /* phx_ctx *, owned by this library until DriverClose */
+    uint64_t file_from_fd, file_close, stream_io, reg_add, reg_remove, reg_lookup, ctx_destroy;
+};
+
+struct phxfile_class {
+    int32_t mem, device;           /* enum phx_mem, device ordinal */
+    uint64_t alloc_base, alloc_size; /* the vendor allocation holding the extent (0: unknown) */
+};
+
+typedef int (*file_from_fd_fn)(int, int, phx_file **);
+typedef int (*file_close_fn)(phx_file *);
+typedef int (*stream_io_fn)(phx_ctx *, const struct phx_io_desc *, void *, int64_t *, phx_sop **);
+typedef int (*reg_add_fn)(uint64_t, uint64_t, int, int);
+typedef int (*reg_remove_fn)(uint64_t);
+typedef int (*reg_lookup_fn)(uint64_t, uint64_t, struct phx_reg_info *);
+typedef void (*ctx_destroy_fn)(phx_ctx *);
+
+/* The core's entry points: functions of phoenix._phxcore, which is never unloaded, so
+ * once set they stay valid (read without a lock). */
+static _Atomic(file_from_fd_fn) c_file_from_fd;
+static _Atomic(file_close_fn) c_file_close;
+static _Atomic(stream_io_fn) c_stream_io;
+static _Atomic(reg_add_fn) c_reg_add;
+static _Atomic(reg_remove_fn) c_reg_remove;
+static _Atomic(reg_lookup_fn) c_reg_lookup;
+static _Atomic(ctx_destroy_fn) c_ctx_destroy;
+
+/* ---- the CPython API, resolved at run time ------------------------------------------ */
+
+typedef struct _object PyObject;
+static struct {
+    int bound;
+    int (*IsInitialized)(void);
+    int (*GILEnsure)(void);
+    void (*GILRelease)(int);
+    PyObject *(*Import)(const char *);
+    PyObject *(*CallMethod)(PyObject *, const char *, const char *, ...);
+    long long (*AsLongLong)(PyObject *);
+    void (*DecRef)(PyObject *);
+    PyObject *(*ErrOccurred)(void);
+    void (*ErrPrint)(void);
+    int (*IsFinalizing)(void); /* Py_IsFinalizing (3.13+) or _Py_IsFinalizing; may be NULL */
+} py;
+static pthread_mutex_t py_bind_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int py_bind(void)
+{
+    pthread_mutex_lock(&py_bind_lock);
+    if (!py.bound) {
+#define SYM(field, name) py.field = (__typeof__(py.field))dlsym(RTLD_DEFAULT, name)
+        SYM(IsInitialized, "Py_IsInitialized");
+        SYM(GILEnsure, "PyGILState_Ensure");
+        SYM(GILRelease, "PyGILState_Release");
+        SYM(Import, "PyImport_ImportModule");
+        SYM(CallMethod, "PyObject_CallMethod");
+        SYM(AsLongLong, "PyLong_AsLongLong");
+        SYM(DecRef, "Py_DecRef");
+        SYM(ErrOccurred, "PyErr_Occurred");
+        SYM(ErrPrint, "PyErr_Print");
+        SYM(IsFinalizing, "Py_IsFinalizing");
+        if (!py.IsFinalizing)
+            SYM(IsFinalizing, "_Py_IsFinalizing");
+#undef SYM
+        if (py.IsInitialized && py.GILEnsure && py.GILRelease && py.Import && py.CallMethod && py.AsLongLong &&
+            py.DecRef && py.ErrOccurred && py.ErrPrint)
+            py.bound = 1;
+    }
+    int ok = py.bound && py.IsInitialized();
+    pthread_mutex_unlock(&py_bind_lock);
+    if (!ok)
+        fprintf(stderr, "libphxfile: no Python interpreter in this process: libphxfile runs inside a Python "
+                        "process with the phoenix package installed (it asks phoenix for the vendor)\n");
+    return ok;
+}
+
+/* Call phoenix.phxfile.<fn>(a, b, c) with the GIL held by the caller; its int result
+ * (0 or -errno), -EIO when Python raised (the traceback goes to stderr). */
+static int py_call(const char *fn, uint64_t a, uint64_t b, uint64_t c)
+{
+    PyObject *mod = py.Import("phoenix.phxfile");
+    if (!mod) {
+        py.ErrPrint();
+        return -ENOENT;
+    }
+    PyObject *res = py.CallMethod(mod, fn, "KKK", (unsigned long long)a, (unsigned long long)b,
+                                  (unsigned long long)c);
+    py.DecRef(mod);
+    if (!res) {
+        py.ErrPrint();
+        return -EIO;
+    }
+    long long v = py.AsLongLong(res);
+    py.DecRef(res);
+    if (py.ErrOccurred()) {
+        py.ErrPrint();
+        return -EIO;
+    }
+    return v > 0 ? 0 : (int)v;
+}
+
+/* ---- driver state ------------------------------------------------------------------- */
+
+#define HANDLE_MAGIC 0x70686668u /* "phfh" */
+
+struct handle {
+    uint32_t magic;
+    int fd;
+    phx_file *file;
+    struct handle *next;
+};
+
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;      /* open / close (with the GIL) */
+static pthread_rwlock_t state_lock = PTHREAD_RWLOCK_INITIALIZER;   /* ctx, handles */
+static _Atomic int opened;
+static phx_ctx *ctx;
+static int32_t io_mode;
+static struct handle *handles;
+
+/* Registrations made through this ABI (so DriverClose drops those, and only those). */
+struct myreg {
+    uint64_t base;
+    int refs;
+};
+static pthread_mutex_t regs_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct myreg *regs;
+static size_t nregs, capregs;
+
+/* Last vendor allocation classified (LMCache registers one tensor as many regions). */
+static pthread_mutex_t cls_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct phxfile_class cls_cache;
+static int cls_valid;
+
+static int ensure_open(void)
+{
+    if (atomic_load_explicit(&opened, memory_order_acquire))
+        return 0;
+    if (!py_bind())
+        return -ENOSYS;
+    int g = py.GILEnsure();
+    pthread_mutex_lock(&open_lock);
+    int rc = 0;
+    if (!atomic_load(&opened)) {
+        struct phxfile_core c;
+        memset(&c, 0, sizeof(c));
+        c.abi = PHXFILE_CORE_ABI;
+        rc = py_call("_c_open", (uint64_t)(uintptr_t)&c, sizeof(c), 0);
+        if (rc == 0 && (!c.ctx || !c.file_from_fd || !c.file_close || !c.stream_io || !c.reg_add ||
+                        !c.reg_remove || !c.reg_lookup || !c.ctx_destroy))
+            rc = -EPROTO;
+        if (rc == 0) {
+            atomic_store(&c_file_from_fd, (file_from_fd_fn)(uintptr_t)c.file_from_fd);
+            atomic_store(&c_file_close, (file_close_fn)(uintptr_t)c.file_close);
+            atomic_store(&c_stream_io, (stream_io_fn)(uintptr_t)c.stream_io);
+            atomic_store(&c_reg_add, (reg_add_fn)(uintptr_t)c.reg_add);
+            atomic_store(&c_reg_remove, (reg_remove_fn)(uintptr_t)c.reg_remove);
+            atomic_store(&c_reg_lookup, (reg_lookup_fn)(uintptr_t)c.reg_lookup);
+            atomic_store(&c_ctx_destroy, (ctx_destroy_fn)(uintptr_t)c.ctx_destroy);
+            pthread_rwlock_wrlock(&state_lock);
+            ctx = (phx_ctx *)(uintptr_t)c.ctx;
+            io_mode = c.mode;
+            atomic_store_explicit(&opened, 1, memory_order_release);
+            pthread_rwlock_unlock(&state_lock);
+        }
+    }
+    pthread_mutex_unlock(&open_lock);
+    py.GILRelease(g);
+    return rc;
+}
+
+PHXFILE_API int phxFileDriverOpen(void) { return ensure_open(); }
+
+/* Python may be asked for nothing once the interpreter is shutting down. */
+static int py_usable(void) { return py.bound && py.IsInitialized() && !(py.IsFinalizing && py.IsFinalizing()); }
+
+PHXFILE_API int phxFileDriverClose(void)
+{
+    if (!atomic_load(&opened))
+        return 0; /* idempotent; also "never opened" */
+    int use_py = py_usable();
+    int g = use_py ? py.GILEnsure() : 0;
+    pthread_mutex_lock(&open_lock);
+    pthread_rwlock_wrlock(&state_lock); /* no submission in progress past this point */
+    if (!atomic_load(&opened)) {
+        pthread_rwlock_unlock(&state_lock);
+        pthread_mutex_unlock(&open_lock);
+        if (use_py)
+            py.GILRelease(g);
+        return 0;
+    }
+    phx_ctx *old_ctx = ctx;
+    struct handle *hs = handles;
+    ctx = NULL;
+    handles = NULL;
+    atomic_store(&opened, 0);
+    pthread_rwlock_unlock(&state_lock);
+    pthread_mutex_lock(&regs_lock);
+    struct myreg *rs = regs;
+    size_t n = nregs;
+    regs = NULL;
+    nregs = capregs = 0;
+    pthread_mutex_unlock(&regs_lock);
+    pthread_mutex_lock(&cls_lock);
+    cls_valid = 0;
+    pthread_mutex_unlock(&cls_lock);
+    pthread_mutex_unlock(&open_lock);
+    if (use_py)
+        py.GILRelease(g);
+
+    /* C cleanup without the GIL: closing waits for the stream ops still queued */
+    int rc = 0;
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < rs[i].refs; k++)
+            c_reg_remove(rs[i].base);
+    free(rs);
+    while (hs) {
+        struct handle *next = hs->next;
+        int r = c_file_close(hs->file);
+        if (r < 0 && rc == 0)
+            rc = r;
+        hs->magic = 0;
+        free(hs);
+        hs = next;
+    }
+    c_ctx_destroy(old_ctx);
+
+    int r = 0;
+    if (use_py && py_usable()) { /* drop the vendor runtime the driver kept alive */
+        g = py.GILEnsure();
+        r = py_call("_c_close", 0, 0, 0);
+        py.GILRelease(g);
+    }
+    return rc < 0 ? rc : r;
+}
+
+/* ---- buffers ------------------------------------------------------------------------ */
+
+/* Where [addr, addr+len) lives: the cache, else Python (takes the GIL: call with no lock held). */
+static int classify(uint64_t addr, uint64_t len, struct phxfile_class *out)
+{
+    pthread_mutex_lock(&cls_lock);
+    if (cls_valid && cls_cache.alloc_size && addr >= cls_cache.alloc_base &&
+        addr + len <= cls_cache.alloc_base + cls_cache.alloc_size) {
+        *out = cls_cache;
+        pthread_mutex_unlock(&cls_lock);
+        return 0;
+    }
+    pthread_mutex_unlock(&cls_lock);
+    struct phxfile_class c;
+    memset(&c, 0, sizeof(c));
+    int g = py.GILEnsure();
+    int rc = py_call("_c_classify", addr, len, (uint64_t)(uintptr_t)&c);
+    py.GILRelease(g);
+    if (rc < 0)
+        return rc;
+    if (c.alloc_size) {
+        pthread_mutex_lock(&cls_lock);
+        cls_cache = c;
+        cls_valid = 1;
+        pthread_mutex_unlock(&cls_lock);
+    }
+    *out = c;
+    return 0;
+}
+
+static size_t regs_upper(uint64_t base)
+{
+    size_t lo = 0, hi = nregs;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (regs[mid].base <= base)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+PHXFILE_API int phxFileBufRegister(const void *addr, size_t length)
+{
+    uint64_t base = (uint64_t)(uintptr_t)addr;
+    if (!addr || !length || base + length < base)
+        return -EINVAL;
+    int rc = ensure_open();
+    if (rc < 0)
+        return rc;
+    struct phxfile_class c;
+    rc = classify(base, length, &c);
+    if (rc < 0)
+        return rc;
+    pthread_mutex_lock(&regs_lock);
+    rc = c_reg_add(base, length, c.mem, c.device);
+    if (rc >= 0) {
+        size_t i = regs_upper(base);
+        if (i > 0 && regs[i - 1].base == base) {
+            regs[i - 1].refs++;
+        } else {
+            if (nregs == capregs) {
+                size_t cap = capregs ? capregs * 2 : 256;
+                struct myreg *nr = realloc(regs, cap * sizeof(*nr));
+                if (!nr) {
+                    c_reg_remove(base);
+                    pthread_mutex_unlock(&regs_lock);
+                    return -ENOMEM;
+                }
+                regs = nr;
+                capregs = cap;
+            }
+            memmove(&regs[i + 1], &regs[i], (nregs - i) * sizeof(*regs));
+            regs[i] = (struct myreg){base, 1};
+            nregs++;
+        }
+        rc = 0;
+    }
+    pthread_mutex_unlock(&regs_lock);
+    return rc;
+}
+
+PHXFILE_API int phxFileBufDeregister(const void *addr)
+{
+    uint64_t base = (uint64_t)(uintptr_t)addr;
+    if (!atomic_load(&opened))
+        return 0; /* nothing was registered through this library */
+    pthread_mutex_lock(&regs_lock);
+    size_t i = nregs ? regs_upper(base) : 0;
+    if (i > 0 && regs[i - 1].base == base) {
+        c_reg_remove(base);
+        if (--regs[i - 1].refs == 0) {
+            memmove(&regs[i - 1], &regs[i], (nregs - i) * sizeof(*regs));
+            nregs--;
+        }
+    } /* an unknown base is tolerated (LMCache's teardown deregisters what it may not have registered) */
+    pthread_mutex_unlock(&regs_lock);
+    pthread_mutex_lock(&cls_lock);
+    cls_valid = 0; /* the allocation may be freed next: classify afresh */
+    pthread_mutex_unlock(&cls_lock);
+    return 0;
+}
+
+/* ---- file handles ------------------------------------------------------------------- */
+
+static struct handle *find_handle(void *fh)
+{
+    for (struct handle *h = handles; h; h = h->next)
+        if (h == fh)
+            return h->magic == HANDLE_MAGIC ? h : NULL;
+    return NULL;
+}
+
+PHXFILE_API int phxFileHandleRegister(void **fh, int fd)
+{
+    if (!fh)
+        return -EINVAL;
+    *fh = NULL;
+    if (fd < 0)
+        return -EBADF;
+    int rc = ensure_open();
+    if (rc < 0)
+        return rc;
+    struct handle *h = calloc(1, sizeof(*h));
+    if (!h)
+        return -ENOMEM;
+    phx_file *f = NULL;
+    rc = c_file_from_fd(fd, PHX_DIRECT_AUTO, &f); /* dups the fd: the caller keeps and closes its own */
+    if (rc < 0) {
+        free(h);
+        return rc;
+    }
+    h->magic = HANDLE_MAGIC;
+    h->fd = fd;
+    h->file = f;
+    pthread_rwlock_wrlock(&state_lock);
+    if (!atomic_load(&opened)) { /* closed meanwhile */
+        pthread_rwlock_unlock(&state_lock);
+        c_file_close(f);
+        free(h);
+        return -ESHUTDOWN;
+    }
+    h->next = handles;
+    handles = h;
+    pthread_rwlock_unlock(&state_lock);
+    *fh = h;
+    return 0;
+}
+
+PHXFILE_API int phxFileHandleDeregister(void *fh)
+{
+    if (!fh)
+        return -EINVAL;
+    pthread_rwlock_wrlock(&state_lock);
+    struct handle **pp = &handles, *h = NULL;
+    for (; *pp; pp = &(*pp)->next) {
+        if (*pp == fh) {
+            h = *pp;
+            *pp = h->next;
+            break;
+        }
+    }
+    pthread_rwlock_unlock(&state_lock);
+    if (!h)
+        return -EBADF;
+    int rc = c_file_close(h->file); /* waits for the handle's queued stream ops */
+    h->magic = 0;
+    free(h);
+    return rc < 0 ? rc : 0;
+}
+
+/* ---- streams: every submission carries its stream ----------------------------------- */
+
+PHXFILE_API int phxFileStreamRegister(void *stream) { return ensure_open(); }
+
+PHXFILE_API int phxFileStreamDeregister(void *stream) { return 0; }
+
+/* ---- stream-ordered I/O ------------------------------------------------------------- */
+
+static int submit(int op, void *fh, void *buf_base, size_t *nbytes, int64_t *file_offset, int64_t *buf_offset,
+                  int64_t *bytes_done, void *stream)
+{
+    int rc;
+    if (!fh || !buf_base || !nbytes || !file_offset || !buf_offset) {
+        rc = -EINVAL;
+        goto fail;
+    }
+    if ((rc = ensure_open()) < 0)
+        goto fail;
+    uint64_t size = *nbytes, base = (uint64_t)(uintptr_t)buf_base;
+    int64_t foff = *file_offset, boff = *buf_offset;
+    if (foff < 0 || boff < 0 || base + (uint64_t)boff < base || base + (uint64_t)boff + size < base + (uint64_t)boff) {
+        rc = -EINVAL;
+        goto fail;
+    }
+    uint64_t addr = base + (uint64_t)boff;
+    struct phx_reg_info info;
+    int mem, device;
+    if (c_reg_lookup(base, 1, &info) == 0) {
+        /* the extent must lie inside the registration of buf_base */
+        if (addr < info.base || addr + size > info.base + info.size) {
+            rc = -EFAULT;
+            goto fail;
+        }
+        mem = info.mem;
+        device = info.device;
+    } else {
+        rc = c_reg_lookup(addr, size ? size : 1, &info);
+        if (rc == -EFAULT)
+            goto fail;
+        if (rc == 0) {
+            mem = info.mem;
+            device = info.device;
+        } else { /* unregistered: ask the vendor (slow path, takes the GIL) */
+            struct phxfile_class c;
+            if (!size) {
+                c.mem = PHX_MEM_HOST;
+                c.device = 0;
+            } else if ((rc = classify(addr, size, &c)) < 0) {
+                goto fail;
+            }
+            mem = c.mem;
+            device = c.device;
+        }
+    }
+    pthread_rwlock_rdlock(&state_lock);
+    struct handle *h = atomic_load(&opened) ? find_handle(fh) : NULL;
+    if (!h) {
+        pthread_rwlock_unlock(&state_lock);
+        rc = -EBADF;
+        goto fail;
+    }
+    struct phx_io_desc d = {
+        .file = h->file,
+        .addr = addr,
+        .size = size,
+        .file_offset = foff,
+        .op = op,
+        .mem = mem,
+        .device = device,
+        .mode = io_mode,
+    };
+    rc = c_stream_io(ctx, &d, stream, bytes_done, NULL);
+    pthread_rwlock_unlock(&state_lock);
+    if (rc < 0)
+        goto fail;
+    return 0;
+fail:
+    if (bytes_done)
+        __atomic_store_n(bytes_done, (int64_t)rc, __ATOMIC_RELEASE);
+    return rc;
+}
+
+PHXFILE_API int phxFileReadAsync(void *fh, void *buf_base, size_t *nbytes, int64_t *file_offset, int64_t *buf_offset,
+                                 int64_t *bytes_done, void *stream)
+{
+    return submit(PHX_OP_READ, fh, buf_base, nbytes, file_offset, buf_offset, bytes_done, stream);
+}
+
+PHXFILE_API int phxFileWriteAsync(void *fh, void *buf_base, size_t *nbytes, int64_t *file_offset, int64_t *buf_offset,
+                                  int64_t *bytes_done, void *stream)
+{
+    return submit(PHX_OP_WRITE, fh, buf_base, nbytes, file_offset, buf_offset, bytes_done, stream);
+}

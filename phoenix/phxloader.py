@@ -1,0 +1,807 @@
+"""phxloader: safetensors files -> device tensors through the phoenix I/O stack.
+
+Adapter, control plane. ``safetensors.torch.load_file(path, device="cuda")`` maps the
+file, lets the page cache fault it in, and copies tensor by tensor. phxloader instead:
+
+* parses the header itself (8-byte little-endian length, JSON: dtype, shape,
+  data_offsets per tensor, optional ``__metadata__``), checking every extent;
+* allocates each destination tensor (``torch.empty(shape, dtype, device)``) when its
+  first bytes arrive, so that the allocations overlap with the reads in flight;
+* reads the data sections of all the files as one sequence of large, 4 KiB-aligned
+  chunks (default 64 MiB; adjacent tensors grouped, a tensor may span chunks) into a
+  ring of staging slots (pinned host memory: O_DIRECT lands in it, no bounce), through
+  :mod:`phoenix.io` futures (the C core's workers, without the GIL);
+* copies each chunk's pieces into their tensors (``copy_(..., non_blocking=True)`` on a
+  side stream, the vendor's ``memcpy_async``, or ``memmove`` on the CPU) while the next
+  chunks are being read: a slot is read into again once its copies are done.
+
+Destinations (``device``): ``"cuda"`` / ``"cuda:N"`` / a ``torch.device`` (torch), ``"cpu"``
+(torch CPU tensors, or NumPy arrays without torch or with ``framework="numpy"``), and
+``"phx"`` / ``"phx:N"``: device memory of the vendor ``PHX_VENDOR`` selects, allocated by
+phoenix (NumPy arrays over it where the CPU can address it, as with the ``host`` test
+vendor; else :class:`DeviceArray`, which has ``__cuda_array_interface__``).
+
+Dtypes: every safetensors dtype: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL F8_E4M3
+F8_E5M2 C64, and U16 U32 U64 (torch >= 2.3) and F8_E8M0 where torch has them. NumPy has
+no bfloat16 nor float8: without ``ml_dtypes`` those load as their raw bits (uint16 /
+uint8 arrays of the same shape), the safetensors dtype in :attr:`LoadedTensors.dtypes`.
+
+::
+
+    from phoenix import phxloader
+    sd = phxloader.load_file("model.safetensors", device="cuda")       # dict name -> tensor
+    sd.metadata                                                          # the file's __metadata__
+    sd = phxloader.load(["model-00001-of-00002.safetensors", ...], device="cuda:0")
+    phxloader.bench("model.safetensors")                                 # vs safetensors and raw O_DIRECT
+
+Settings: the phoenix I/O settings (``PHX_THREADS``, ``PHX_CHUNK_SIZE``, ``PHX_MODE`` ...)
+apply to the reads; ``chunk`` and ``depth`` (slots) are arguments here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno as _errno
+import json
+import math
+import mmap
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "DTYPES", "TensorInfo", "Header", "LoadedTensors", "DeviceArray", "read_header", "read_metadata",
+    "load_file", "load", "save_file", "bench",
+]
+
+ALIGN = 4096
+MAX_HEADER = 100_000_000  # safetensors' own limit
+DEFAULT_CHUNK = 64 << 20
+DEFAULT_DEPTH = 4
+
+
+@dataclass(frozen=True)
+class _DType:
+    itemsize: int
+    numpy: str | None  # NumPy's dtype (None: no NumPy type; ml_dtypes' or raw bits)
+    torch: str  # torch attribute name
+    raw: str  # NumPy dtype of the raw bits when NumPy has no type
+    ml_dtypes: str | None = None  # ml_dtypes attribute name, if that package is installed
+
+
+#: safetensors dtype -> item size, NumPy and torch types
+DTYPES: dict[str, _DType] = {
+    "F64": _DType(8, "<f8", "float64", "<f8"),
+    "F32": _DType(4, "<f4", "float32", "<f4"),
+    "F16": _DType(2, "<f2", "float16", "<f2"),
+    "BF16": _DType(2, None, "bfloat16", "<u2", "bfloat16"),
+    "I64": _DType(8, "<i8", "int64", "<i8"),
+    "I32": _DType(4, "<i4", "int32", "<i4"),
+    "I16": _DType(2, "<i2", "int16", "<i2"),
+    "I8": _DType(1, "i1", "int8", "i1"),
+    "U64": _DType(8, "<u8", "uint64", "<u8"),
+    "U32": _DType(4, "<u4", "uint32", "<u4"),
+    "U16": _DType(2, "<u2", "uint16", "<u2"),
+    "U8": _DType(1, "u1", "uint8", "u1"),
+    "BOOL": _DType(1, "?", "bool", "?"),
+    "F8_E4M3": _DType(1, None, "float8_e4m3fn", "u1", "float8_e4m3fn"),
+    "F8_E5M2": _DType(1, None, "float8_e5m2", "u1", "float8_e5m2"),
+    "F8_E8M0": _DType(1, None, "float8_e8m0fnu", "u1", "float8_e8m0fnu"),
+    "C64": _DType(8, "<c8", "complex64", "<c8"),
+}
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The NumPy dtype phxloader gives a safetensors dtype (raw bits where NumPy has none)."""
+    d = DTYPES[name]
+    if d.numpy is not None:
+        return np.dtype(d.numpy)
+    if d.ml_dtypes:
+        try:
+            import ml_dtypes
+
+            return np.dtype(getattr(ml_dtypes, d.ml_dtypes))
+        except (ImportError, AttributeError):
+            pass
+    return np.dtype(d.raw)
+
+
+def torch_dtype(torch, name: str):
+    t = getattr(torch, DTYPES[name].torch, None)
+    if t is None:
+        raise TypeError(f"safetensors dtype {name}: this torch ({torch.__version__}) has no torch.{DTYPES[name].torch}")
+    return t
+
+
+# ---- the header ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str  #: safetensors dtype name
+    shape: tuple
+    begin: int  #: absolute file offset of the first byte
+    end: int  #: absolute file offset past the last byte
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+@dataclass(frozen=True)
+class Header:
+    path: str
+    file_size: int
+    data_start: int  #: absolute offset of the data section (8 + header length)
+    tensors: dict  #: name -> TensorInfo, in header order
+    metadata: dict | None  #: ``__metadata__`` (str -> str), None when absent
+
+
+def read_header(path) -> Header:
+    """Parse and check a safetensors header (ValueError naming what is wrong)."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{path}: not a safetensors file ({size} bytes: no 8-byte header length)")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER or 8 + n > size:
+            raise ValueError(f"{path}: header length {n} is invalid for a file of {size} bytes")
+        raw = f.read(n)
+    try:
+        hdr = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: the header is not JSON: {exc}") from None
+    if not isinstance(hdr, dict):
+        raise ValueError(f"{path}: the header is not a JSON object")
+    data_start = 8 + n
+    data_len = size - data_start
+    metadata = hdr.pop("__metadata__", None)
+    if metadata is not None and not (isinstance(metadata, dict) and
+                                     all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
+        raise ValueError(f"{path}: __metadata__ must map strings to strings")
+    tensors = {}
+    for name, e in hdr.items():
+        try:
+            dtype, shape, (b, en) = e["dtype"], e["shape"], e["data_offsets"]
+        except (TypeError, KeyError, ValueError):
+            raise ValueError(f"{path}: tensor {name!r}: needs dtype, shape and data_offsets [begin, end]") from None
+        if dtype not in DTYPES:
+            raise ValueError(f"{path}: tensor {name!r}: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+        if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+            raise ValueError(f"{path}: tensor {name!r}: bad shape {shape!r}")
+        if not (isinstance(b, int) and isinstance(en, int) and 0 <= b <= en <= data_len):
+            raise ValueError(f"{path}: tensor {name!r}: data_offsets [{b}, {en}) outside the {data_len}-byte data")
+        want = math.prod(shape) * DTYPES[dtype].itemsize
+        if en - b != want:
+            raise ValueError(f"{path}: tensor {name!r}: {en - b} bytes for {dtype} {tuple(shape)} ({want} expected)")
+        tensors[name] = TensorInfo(name, dtype, tuple(shape), data_start + b, data_start + en)
+    return Header(path, size, data_start, tensors, metadata)
+
+
+def read_metadata(path) -> dict | None:
+    """The file's ``__metadata__`` (None when absent)."""
+    return read_header(path).metadata
+
+
+def save_file(tensors: dict, path, metadata: dict | None = None, dtypes: dict | None = None) -> None:
+    """Write NumPy arrays as a safetensors file (for tests and benches; no torch needed).
+
+    ``dtypes`` overrides the safetensors dtype of some tensors (``{"w": "BF16"}`` for a
+    uint16 array holding bfloat16 bits; the item sizes must agree). Tensors are laid out
+    largest item size first, so every tensor is aligned to its item size.
+    """
+    by_np = {np.dtype(d.numpy).str: k for k, d in DTYPES.items() if d.numpy}
+    by_np[np.dtype("?").str] = "BOOL"
+    entries, blobs, off = {}, [], 0
+    dtypes = dtypes or {}
+    order = sorted(tensors, key=lambda k: -np.asarray(tensors[k]).dtype.itemsize)
+    for name in order:
+        a = np.ascontiguousarray(tensors[name])
+        st = dtypes.get(name) or by_np.get(a.dtype.str) or by_np.get(a.dtype.newbyteorder("<").str)
+        if st is None:
+            raise TypeError(f"{name}: no safetensors dtype for {a.dtype}; say it in dtypes=")
+        if DTYPES[st].itemsize != a.dtype.itemsize:
+            raise TypeError(f"{name}: {st} has {DTYPES[st].itemsize}-byte items, the array {a.dtype.itemsize}")
+        b = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+        entries[name] = {"dtype": st, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    if metadata is not None:
+        entries = {"__metadata__": dict(metadata), **entries}
+    head = json.dumps(entries, separators=(",", ":")).encode()
+    head += b" " * (-(8 + len(head)) % 8)  # the data section starts 8-aligned, as safetensors writes it
+    with open(os.fspath(path), "wb") as f:
+        f.write(struct.pack("<Q", len(head)))
+        f.write(head)
+        for b in blobs:
+            f.write(b)
+
+
+# ---- results ------------------------------------------------------------------------------
+
+
+class LoadedTensors(dict):
+    """name -> tensor, plus :attr:`metadata` (the ``__metadata__`` of the file, or of the
+    first file that has one), :attr:`file_metadata` (path -> metadata), :attr:`dtypes`
+    (name -> safetensors dtype) and :attr:`stats` (bytes, seconds, chunks)."""
+
+    metadata: dict | None = None
+    file_metadata: dict
+    dtypes: dict
+    stats: dict
+
+
+class _DevMem:
+    """One vendor device allocation, freed when the last array over it goes."""
+
+    def __init__(self, rt, size: int, device: int):
+        self.rt = rt
+        self.size = size
+        self.ptr = rt.device_alloc(size, device) if size else 0
+
+    def __del__(self):
+        ptr, self.ptr = getattr(self, "ptr", 0), 0
+        if ptr:
+            try:
+                self.rt.device_free(ptr)
+            except Exception:
+                pass
+
+
+class DeviceArray:
+    """A tensor in vendor device memory the CPU cannot address (``device="phx"``):
+    ``__cuda_array_interface__`` for torch / CuPy, ``ptr``, ``nbytes``, ``dtype``, ``shape``."""
+
+    def __init__(self, mem: _DevMem, dtype: str, shape: tuple, npdtype: np.dtype):
+        self._mem = mem
+        self.ptr = mem.ptr
+        self.nbytes = mem.size
+        self.dtype = dtype
+        self.shape = shape
+        self._np = npdtype
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": self._np.str, "data": (self.ptr, False), "version": 3,
+                "strides": None}
+
+    def to_numpy(self) -> np.ndarray:
+        out = np.empty(self.shape, dtype=self._np)
+        if self.nbytes:
+            from .vendor import CopyKind
+
+            self._mem.rt.memcpy(out.ctypes.data, self.ptr, self.nbytes, CopyKind.DEVICE_TO_HOST)
+        return out
+
+    def __repr__(self):
+        return f"<DeviceArray {self.dtype} {self.shape} at {self.ptr:#x}>"
+
+
+# ---- destinations (sinks) -------------------------------------------------------------------
+
+
+class _Sink:
+    """Where tensors go: allocation, staging slots, chunk-piece copies, slot fences."""
+
+    name = "?"
+
+    def alloc(self, info: TensorInfo):  # -> (object returned to the user, its address)
+        raise NotImplementedError
+
+    def staging(self, nbytes: int):  # -> (object phoenix reads into, its address)
+        raise NotImplementedError
+
+    def copy(self, dst_obj, dst_addr: int, dst_off: int, slot: int, src_addr: int, n: int) -> None:
+        raise NotImplementedError
+
+    def fence(self, slot: int) -> None:
+        """The copies out of ``slot`` queued so far: mark them."""
+
+    def wait(self, slot: int) -> None:
+        """Return once the copies marked for ``slot`` are done (the slot may be read into)."""
+
+    def finish(self) -> None:
+        """Every copy is done: the tensors are ready."""
+
+    def close(self) -> None:
+        pass
+
+
+def _memmove(dst: int, src: int, n: int) -> None:
+    ctypes.memmove(dst, src, n)  # a ctypes foreign call: runs without the GIL
+
+
+_pool_lock = threading.Lock()
+_host_pool: list = []  # page-aligned host staging slots kept between loads (first touch is costly)
+_POOL_MAX = 8
+
+
+def _page_aligned(nbytes: int):
+    with _pool_lock:
+        for i, m in enumerate(_host_pool):
+            if len(m) >= nbytes:
+                del _host_pool[i]
+                break
+        else:
+            m = mmap.mmap(-1, max(nbytes, 1))
+    arr = np.frombuffer(m, dtype=np.uint8, count=nbytes)
+    return arr, arr.ctypes.data
+
+
+def _page_aligned_release(arr) -> None:
+    m = arr.base
+    while m is not None and not isinstance(m, mmap.mmap):
+        m = getattr(m, "base", None) if not isinstance(m, memoryview) else m.obj
+    if isinstance(m, mmap.mmap):
+        with _pool_lock:
+            if len(_host_pool) < _POOL_MAX:
+                _host_pool.append(m)
+
+
+class _NumpySink(_Sink):
+    name = "numpy"
+
+    def alloc(self, info):
+        a = np.empty(info.shape, dtype=numpy_dtype(info.dtype))
+        return a, a.ctypes.data
+
+    def staging(self, nbytes):
+        return _page_aligned(nbytes)
+
+    def copy(self, dst_obj, dst_addr, dst_off, slot, src_addr, n):
+        _memmove(dst_addr + dst_off, src_addr, n)
+
+
+class _TorchSink(_Sink):
+    def __init__(self, torch, device):
+        self.torch = torch
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.name = f"torch:{device}"
+        if self.cuda:
+            self.stream = torch.cuda.Stream(device=device)
+            self.events: dict[int, object] = {}
+
+    def alloc(self, info):
+        t = self.torch.empty(info.shape, dtype=torch_dtype(self.torch, info.dtype), device=self.device)
+        return t, t.data_ptr()
+
+    def staging(self, nbytes):
+        if self.cuda:
+            t = self.torch.empty(nbytes, dtype=self.torch.uint8, pin_memory=True)
+            return t, t.data_ptr()
+        return _page_aligned(nbytes)
+
+    def copy(self, dst_obj, dst_addr, dst_off, slot, src_addr, n):
+        if not self.cuda:
+            _memmove(dst_addr + dst_off, src_addr, n)
+            return
+        dst = dst_obj.reshape(-1).view(self.torch.uint8)[dst_off:dst_off + n]
+        src = self._slots[slot][src_addr - self._slot_addr[slot]:][:n]
+        with self.torch.cuda.stream(self.stream):
+            dst.copy_(src, non_blocking=True)
+
+    def bind_slots(self, objs, addrs):
+        self._slots, self._slot_addr = objs, addrs
+
+    def fence(self, slot):
+        if self.cuda:
+            ev = self.torch.cuda.Event()
+            ev.record(self.stream)
+            self.events[slot] = ev
+
+    def wait(self, slot):
+        if self.cuda:
+            ev = self.events.pop(slot, None)
+            if ev is not None:
+                ev.synchronize()
+
+    def finish(self):
+        if self.cuda:
+            self.stream.synchronize()
+
+
+class _VendorSink(_Sink):
+    def __init__(self, rt, ordinal: int):
+        from .buffers import MEM_DEVICE_MAPPED, classify
+
+        self.rt = rt
+        self.ordinal = ordinal
+        self.name = f"phx:{rt.name}:{ordinal}"
+        probe = rt.device_alloc(1 << 16, ordinal)
+        try:
+            self.addressable = classify(rt, probe, 1 << 16)[0] == MEM_DEVICE_MAPPED
+        finally:
+            rt.device_free(probe)
+        self.stream = rt.stream_create(ordinal)
+        self.pinned: list[int] = []
+
+    def alloc(self, info):
+        npd = numpy_dtype(info.dtype)
+        mem = _DevMem(self.rt, info.nbytes, self.ordinal)
+        if self.addressable:
+            if not info.nbytes:
+                return np.empty(info.shape, dtype=npd), 0
+            carr = (ctypes.c_uint8 * info.nbytes).from_address(mem.ptr)
+            carr._phx_owner = mem  # the array's base keeps the allocation alive
+            return np.frombuffer(carr, dtype=npd).reshape(info.shape), mem.ptr
+        return DeviceArray(mem, info.dtype, info.shape, npd), mem.ptr
+
+    def staging(self, nbytes):
+        ptr = self.rt.host_alloc_pinned(nbytes)
+        self.pinned.append(ptr)
+        return (ptr, nbytes), ptr
+
+    def copy(self, dst_obj, dst_addr, dst_off, slot, src_addr, n):
+        from .vendor import CopyKind
+
+        self.rt.memcpy_async(dst_addr + dst_off, src_addr, n, CopyKind.HOST_TO_DEVICE, self.stream)
+
+    def wait(self, slot):
+        self.rt.stream_synchronize(self.stream)  # (also waits for later slots' copies: they are short)
+
+    def finish(self):
+        self.rt.stream_synchronize(self.stream)
+
+    def close(self):
+        try:
+            self.rt.stream_synchronize(self.stream)
+            self.rt.stream_destroy(self.stream)
+        finally:
+            for p in self.pinned:
+                self.rt.host_free_pinned(p)
+            self.pinned.clear()
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def _sink(device, framework: str | None) -> _Sink:
+    if framework not in (None, "torch", "numpy"):
+        raise ValueError(f"framework {framework!r}: 'torch', 'numpy' or None (torch when installed)")
+    if isinstance(device, int):
+        torch = _torch()
+        device = f"cuda:{device}" if torch is not None and torch.cuda.is_available() else f"phx:{device}"
+    dev = "cpu" if device is None else device
+    if isinstance(dev, str) and (dev == "phx" or dev.startswith("phx:")):
+        from .registry import get_runtime
+
+        ordinal = int(dev.split(":", 1)[1]) if ":" in dev else 0
+        import importlib
+
+        rt = importlib.import_module("phoenix.io")._runtime() or get_runtime()
+        return _VendorSink(rt, ordinal)
+    torch = _torch() if framework != "numpy" else None
+    if torch is None:
+        if framework == "torch":
+            raise ImportError("framework='torch' but torch is not installed")
+        if str(dev) != "cpu":
+            raise ValueError(f"device {dev!r} needs torch (not installed); use 'cpu' or 'phx:N'")
+        return _NumpySink()
+    tdev = torch.device(dev)
+    if tdev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {dev!r}: phxloader loads to 'cpu', 'cuda[:N]' or 'phx[:N]'")
+    if tdev.type == "cuda" and tdev.index is None:
+        tdev = torch.device("cuda", torch.cuda.current_device())
+    return _TorchSink(torch, tdev)
+
+
+# ---- planning and the pipeline ------------------------------------------------------------
+
+
+@dataclass
+class _Chunk:
+    file: int
+    offset: int
+    size: int
+    pieces: list  # (key, dst_off, slot_off, n)
+
+
+def _plan(headers: list[Header], chunk: int) -> list[_Chunk]:
+    chunks: list[_Chunk] = []
+    for fi, h in enumerate(headers):
+        ts = sorted((t for t in h.tensors.values() if t.nbytes), key=lambda t: t.begin)
+        if not ts:
+            continue
+        lo = ts[0].begin // ALIGN * ALIGN
+        hi = max(t.end for t in ts)
+        first = len(chunks)
+        start = lo
+        while start < hi:
+            chunks.append(_Chunk(fi, start, min(chunk, hi - start), []))
+            start += chunk
+        for t in ts:
+            pos = t.begin
+            k = first + (t.begin - lo) // chunk
+            while pos < t.end:
+                c = chunks[k]
+                n = min(t.end, c.offset + c.size) - pos
+                c.pieces.append(((fi, t.name), pos - t.begin, pos - c.offset, n))
+                pos += n
+                k += 1
+        chunks[first:] = [c for c in chunks[first:] if c.pieces]  # holes of a chunk or more: not read
+    return chunks
+
+
+def load(paths, device="cpu", *, framework: str | None = None, chunk: int = DEFAULT_CHUNK,
+         depth: int = DEFAULT_DEPTH) -> LoadedTensors:
+    """Load one or many safetensors files; name -> tensor (see :class:`LoadedTensors`).
+
+    A tensor name in two files is an error (ValueError). ``chunk`` (bytes, a multiple of
+    4096) and ``depth`` (staging slots, >= 2) shape the pipeline: up to ``depth`` chunks
+    are read or copied at a time, ``chunk * depth`` bytes of staging memory.
+    """
+    import importlib
+
+    pio = importlib.import_module("phoenix.io")
+    from .errors import PhxIOError
+
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    paths = [os.fspath(p) for p in paths]
+    if chunk <= 0 or chunk % ALIGN:
+        raise ValueError(f"chunk {chunk}: a positive multiple of {ALIGN}")
+    if depth < 2:
+        raise ValueError(f"depth {depth}: at least 2 staging slots")
+    t0 = time.perf_counter()
+    headers = [read_header(p) for p in paths]
+    out = LoadedTensors()
+    out.file_metadata = {h.path: h.metadata for h in headers}
+    out.metadata = next((h.metadata for h in headers if h.metadata is not None), None)
+    out.dtypes = {}
+    owner: dict = {}
+    for h in headers:
+        for name in h.tensors:
+            if name in owner:
+                raise ValueError(f"tensor {name!r} is in both {owner[name]} and {h.path}")
+            owner[name] = h.path
+    # a small file needs no 64 MiB slots: a chunk is at most the largest data section
+    span = max((max(t.end for t in h.tensors.values()) - h.data_start // ALIGN * ALIGN
+                for h in headers if h.tensors), default=0)
+    chunk = min(chunk, max(ALIGN, (span + ALIGN - 1) // ALIGN * ALIGN))
+    plan = _plan(headers, chunk)
+    depth = max(2, min(depth, len(plan)))
+
+    sink = _sink(device, framework)
+    dst: dict = {}
+    files: list = []
+    slots, slot_addr, regs = [], [], []
+    futs: dict = {}
+    nbytes = 0
+    infos = {(fi, name): t for fi, h in enumerate(headers) for name, t in h.tensors.items()}
+
+    def dest(key):
+        # destinations are allocated when their first bytes arrive: the allocations
+        # (cudaMalloc for the first load of a model) overlap with the reads in flight
+        d = dst.get(key)
+        if d is None:
+            d = dst[key] = sink.alloc(infos[key])
+        return d
+
+    try:
+        if plan:
+            for _ in range(depth):
+                obj, addr = sink.staging(chunk)
+                slots.append(obj)
+                slot_addr.append(addr)
+            if isinstance(sink, _TorchSink):
+                sink.bind_slots(slots, slot_addr)
+            for addr in slot_addr:
+                try:  # registered: no pointer query per chunk
+                    pio.register((addr, chunk))
+                    regs.append((addr, chunk))
+                except Exception:
+                    pass
+            files = [pio.open(h.path, "r") for h in headers]
+
+        def submit(k):
+            c = plan[k]
+            s = k % depth
+            futs[k] = files[c.file].pread((slot_addr[s], chunk), c.size, c.offset)
+
+        for k in range(min(depth, len(plan))):
+            submit(k)
+        for k, c in enumerate(plan):
+            got = futs.pop(k).result()
+            if got < c.size:
+                raise PhxIOError(_errno.EIO, headers[c.file].path, c.offset, c.size,
+                                 f"short read ({got} bytes): the file is shorter than its header says")
+            s = k % depth
+            base = slot_addr[s]
+            for key, dst_off, slot_off, n in c.pieces:
+                obj, addr = dest(key)
+                sink.copy(obj, addr, dst_off, s, base + slot_off, n)
+            sink.fence(s)
+            # the previous chunk's slot is free once its copies are done: read into it
+            if k >= 1 and k - 1 + depth < len(plan):
+                sink.wait((k - 1) % depth)
+                submit(k - 1 + depth)
+        for key, t in infos.items():  # header order; empty tensors get allocated here
+            out[key[1]] = dest(key)[0]
+            out.dtypes[key[1]] = t.dtype
+            nbytes += t.nbytes
+        sink.finish()
+    finally:
+        for f in futs.values():
+            f.exception()  # wait: the slots must outlive the reads
+        try:
+            sink.finish()
+        except Exception:
+            pass
+        for r in regs:
+            pio.deregister(r)
+        for f in files:
+            f.close()
+        sink.close()
+        for obj in slots:
+            if isinstance(obj, np.ndarray):
+                _page_aligned_release(obj)
+    out.stats = {"bytes": nbytes, "seconds": time.perf_counter() - t0, "chunks": len(plan), "chunk": chunk,
+                 "depth": depth, "sink": sink.name, "files": len(paths)}
+    return out
+
+
+def load_file(path, device="cpu", **kw) -> LoadedTensors:
+    """Load one safetensors file (``safetensors.torch.load_file``'s shape); see :func:`load`."""
+    return load([path], device, **kw)
+
+
+# ---- bench ----------------------------------------------------------------------------------
+
+
+def bench(path, device="cuda", reps: int = 3, *, chunk: int = DEFAULT_CHUNK, depth: int = DEFAULT_DEPTH,
+          raw_threads: int | None = None, raw_chunk: int = 16 << 20, quiet: bool = False) -> dict:
+    """phxloader cold and warm vs ``safetensors.torch.load_file(path, device=...)`` cold and
+    warm vs a raw O_DIRECT read of the same file into host memory, interleaved in one run.
+
+    Cold: the file is dropped from the page cache first (fadvise; drop_caches when root).
+    Meant for an accelerator (``device="cuda"``): on ``"cpu"`` safetensors only maps the
+    file (its tensors are paged in when touched), so its CPU figures are not comparable.
+    Returns {impl: {"gbps": median GB/s (1e9), "seconds": [...]}, "ratios": ..., ...} and
+    prints a table unless ``quiet``. Run it on the accelerator machine, e.g.::
+
+        python -m phoenix.phxloader bench /nvme/model.safetensors --device cuda --reps 3
+    """
+    import statistics
+
+    from . import bench as pb
+    from ._core import core
+    from .settings import get as settings
+
+    path = os.fspath(path)
+    size = os.path.getsize(path)
+    torch = _torch()
+    lib = core()
+    lib.phxbench_raw.restype = ctypes.c_int64
+    lib.phxbench_raw.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_size_t,
+                                 ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+    threads = raw_threads or settings().threads
+
+    def sync():
+        if torch is not None and str(device).startswith("cuda"):
+            torch.cuda.synchronize()
+
+    raw_size = size // ALIGN * ALIGN  # O_DIRECT: the aligned body of the file (all but < 4 KiB)
+
+    def raw():
+        err = ctypes.create_string_buffer(256)
+        n = lib.phxbench_raw(path.encode(), 0, 0, raw_size, min(raw_chunk, raw_size), threads, 0, 1, err, 256)
+        if n < 0:
+            raise OSError(-n, f"raw O_DIRECT read: {err.value.decode()}")
+        return n
+
+    def phx():
+        sd = load_file(path, device, chunk=chunk, depth=depth)
+        sync()
+        return sd.stats["bytes"]
+
+    def st():
+        from safetensors.torch import load_file as st_load
+
+        sd = st_load(path, device=str(device))
+        sync()
+        n = sum(t.numel() * t.element_size() for t in sd.values())
+        del sd
+        return n
+
+    impls = [("raw_odirect_cold", raw, False), ("phxloader_cold", phx, False), ("phxloader_warm", phx, True)]
+    try:
+        import safetensors.torch  # noqa: F401
+
+        if torch is not None and not str(device).startswith("phx"):
+            impls += [("safetensors_cold", st, False), ("safetensors_warm", st, True)]
+    except ImportError:
+        pass
+    runs: dict = {name: [] for name, _, _ in impls}
+    nbytes: dict = {}
+    for _ in range(reps):
+        for name, fn, warm in impls:
+            if warm:
+                pb.warm_cache(path, size)
+            else:
+                pb.drop_cache(path)
+            if torch is not None and torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            t0 = time.perf_counter()
+            nbytes[name] = fn()
+            runs[name].append(time.perf_counter() - t0)
+    res: dict = {"file": path, "size": size, "device": str(device), "reps": reps, "chunk": chunk, "depth": depth,
+                 "raw_threads": threads, "cache_drop": pb.drop_cache(path)}
+    for name in runs:
+        med = statistics.median(runs[name])
+        res[name] = {"gbps": nbytes[name] / med / 1e9, "seconds": runs[name], "bytes": nbytes[name]}
+    ratios = {"phxloader_cold / raw_odirect_cold": res["phxloader_cold"]["gbps"] / res["raw_odirect_cold"]["gbps"]}
+    if "safetensors_cold" in res:
+        ratios["phxloader_cold / safetensors_cold"] = res["phxloader_cold"]["gbps"] / res["safetensors_cold"]["gbps"]
+        ratios["phxloader_warm / safetensors_warm"] = res["phxloader_warm"]["gbps"] / res["safetensors_warm"]["gbps"]
+    res["ratios"] = ratios
+    if not quiet:
+        print(f"{path}: {size / 1e9:.2f} GB -> {device}, median of {reps}")
+        for name in runs:
+            print(f"  {name:20s} {res[name]['gbps']:8.2f} GB/s   " + " ".join(f"{s:.3f}" for s in runs[name]) + " s")
+        for k, v in ratios.items():
+            print(f"  {k:36s} {v:.3f}")
+    return res
+
+
+def make_bench_file(path, size: int = 4 << 30, seed: int = 0) -> str:
+    """Write a multi-dtype safetensors file of about ``size`` bytes (LLM-like: a few large
+    BF16/F16/F32 matrices per layer, small norms and biases, an F8 and an I64 tensor)."""
+    rng = np.random.default_rng(seed)
+    tensors, dtypes, total, layer = {}, {}, 0, 0
+    while total < size:
+        d = 4096
+        mats = {f"layers.{layer}.attn.qkv.weight": (3 * d, d, "BF16"), f"layers.{layer}.mlp.up.weight": (4 * d, d, "BF16"),
+                f"layers.{layer}.mlp.down.weight": (d, 4 * d, "F16"), f"layers.{layer}.norm.weight": (d, 1, "F32"),
+                f"layers.{layer}.attn.scale": (d, 1, "F8_E4M3")}
+        for name, (r, c, dt) in mats.items():
+            isz = DTYPES[dt].itemsize
+            raw = rng.integers(0, 256, r * c * isz, dtype=np.uint8)
+            tensors[name] = raw.view(np.dtype(DTYPES[dt].raw)).reshape(r, c) if isz > 1 else raw.reshape(r, c)
+            dtypes[name] = dt
+            total += r * c * isz
+        layer += 1
+    tensors["position_ids"] = np.arange(8192, dtype=np.int64)
+    save_file(tensors, path, metadata={"format": "pt", "generator": "phoenix.phxloader.make_bench_file"}, dtypes=dtypes)
+    return os.fspath(path)
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    from .vendor import parse_size
+
+    p = argparse.ArgumentParser(prog="python -m phoenix.phxloader", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("bench", help="phxloader vs safetensors vs raw O_DIRECT, cold and warm")
+    b.add_argument("file")
+    b.add_argument("--device", default="cuda")
+    b.add_argument("--reps", type=int, default=3)
+    b.add_argument("--chunk", type=parse_size, default=DEFAULT_CHUNK, help="staging slot size (default 64M)")
+    b.add_argument("--depth", type=int, default=DEFAULT_DEPTH)
+    b.add_argument("--make", metavar="SIZE", help="first write a multi-dtype file of SIZE (e.g. 8G) if absent")
+    b.add_argument("--json", metavar="OUT", help="also write the result as JSON")
+    a = p.parse_args(argv)
+    if a.make and not os.path.exists(a.file):
+        make_bench_file(a.file, parse_size(a.make))
+    res = bench(a.file, a.device, a.reps, chunk=a.chunk, depth=a.depth)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
