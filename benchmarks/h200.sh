@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Everything the NVIDIA issue needs from the H200 machine, in one call:
-#   benchmarks/h200.sh [stages...]   stages: setup info conformance bench  (default: all)
+#   benchmarks/h200.sh [stages...]   stages: setup info conformance bench loader  (default: all)
 # Builds phoenix there (no network: no build isolation, wheels carried in .whl/),
 # runs the conformance suite for `nvidia`, then `phx bench` on the local disk and on
 # tmpfs. Everything worth keeping is written under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/phx-out}; mkdir -p "$OUT"
-STAGES=${*:-setup info conformance bench}
+STAGES=${*:-setup info conformance bench loader}
 export PYTHONUNBUFFERED=1 PHX_VENDOR=nvidia
 SITE=/tmp/phx-site
 has() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -42,4 +42,9 @@ if has bench; then
     timeout ${PHX_WARM_TIMEOUT:-120} phx bench --file /dev/shm/phx-bench.bin --size "$SIZE" --threads ${PHX_BENCH_WARM_THREADS:-16} --chunk 16M \
         --ops read --temperature warm --reps 3 --quiet --json "$OUT/bench-warm.json" --plot "$OUT/bench-warm.png"
     rm -f /dev/shm/phx-bench.bin
+fi
+
+if has loader; then
+    timeout ${PHX_LOADER_TIMEOUT:-150} python3 -m phoenix.phxloader bench /root/phx-model.safetensors --device cuda \
+        --make ${PHX_LOADER_SIZE:-4G} --reps 2 --json "$OUT/loader.json" 2>&1 | tail -15
 fi
