@@ -194,7 +194,7 @@ def _c_open(table_addr: int, table_size: int, _unused: int = 0) -> int:
             raise OSError(_errno.ENODEV, f"vendor {rt.name!r}: the data path lacks {', '.join(missing)}")
         s = ps.get()
         lib = pio._lib
-        cfg = pio._Config(s.threads, s.queue_depth, s.chunk_size, s.bounce_pool_size, pio.ENGINE[s.engine], 0)
+        cfg = pio.make_config(s)
         handle = ctypes.c_void_p()
         rc = lib.phx_ctx_create(ctypes.byref(cfg), ctypes.byref(dp), ctypes.byref(handle))
         if rc < 0:

@@ -2,36 +2,52 @@
 
 Control plane. Every setting lives in this one table:
 
-====================  ========================  =========  =====================================================
-setting               environment               default    meaning
-====================  ========================  =========  =====================================================
-``threads``           ``PHX_THREADS``           min(16,    I/O worker threads. io_uring engine: one ring per
-                                                max(4,     worker; threads engine: one pread/pwrite in flight
-                                                cores))    per worker. More workers copy cached (warm) data in
-                                                           parallel.
-``chunk_size``        ``PHX_CHUNK_SIZE``        8M         bytes per chunk: a request is cut at multiples of it
-                                                           (in file offsets) and its chunks run in parallel. A
-                                                           multiple of 4096, at most 1G; sizes take K/M/G.
-``queue_depth``       ``PHX_QUEUE_DEPTH``       32         chunks in flight per worker (io_uring engine), and
-                                                           at most 64 MiB of them: up to threads x queue_depth
-                                                           small I/Os in the kernel at once.
-``bounce_pool_size``  ``PHX_BOUNCE_POOL_SIZE``  256M       most pinned host memory for bounce buffers (staged
-                                                           path). Allocated on first use in segments, pinned
-                                                           through the vendor, kept until
-                                                           :func:`phoenix.io.shutdown`. A staged chunk is at
-                                                           most half of it, so two always fit.
-``mode``              ``PHX_MODE``              auto       ``auto``: per request, I/O lands straight in memory
-                                                           the CPU can address (host memory; device memory the
-                                                           vendor says is direct-capable), else it is staged.
-                                                           ``staged``: device memory always goes through bounce
-                                                           buffers and vendor copies. ``direct``: device memory
-                                                           must be direct-capable (an error says why not).
-                                                           Host memory is always read and written in place.
-``engine``            ``PHX_IO_ENGINE``         auto       ``io_uring`` (rings through raw system calls),
-                                                           ``threads`` (pread/pwrite workers), or ``auto``:
-                                                           io_uring where the kernel allows it, else threads
-                                                           (the reason: ``phoenix.io.capabilities()``).
-====================  ========================  =========  =====================================================
+=======================  ============================  =========  =====================================================
+setting                  environment                   default    meaning
+=======================  ============================  =========  =====================================================
+``threads``              ``PHX_THREADS``               min(16,    I/O worker threads. io_uring engine: one ring per
+                                                       max(4,     worker; threads engine: one pread/pwrite in flight
+                                                       cores))    per worker. More workers copy cached (warm) data in
+                                                                  parallel.
+``chunk_size``           ``PHX_CHUNK_SIZE``            8M         bytes per chunk: a request is cut at multiples of it
+                                                                  (in file offsets) and its chunks run in parallel. A
+                                                                  multiple of 4096, at most 1G; sizes take K/M/G.
+``queue_depth``          ``PHX_QUEUE_DEPTH``           32         chunks in flight per worker (io_uring engine), and
+                                                                  at most 64 MiB of them: up to threads x queue_depth
+                                                                  small I/Os in the kernel at once.
+``bounce_pool_size``     ``PHX_BOUNCE_POOL_SIZE``      256M       most pinned host memory for bounce buffers (staged
+                                                                  path). Allocated on first use in segments, pinned
+                                                                  through the vendor, kept until
+                                                                  :func:`phoenix.io.shutdown`. A staged chunk is at
+                                                                  most half of it, so two always fit.
+``mode``                 ``PHX_MODE``                  auto       ``auto``: per request, I/O lands straight in memory
+                                                                  the CPU can address (host memory; device memory the
+                                                                  vendor says is direct-capable), else it is staged.
+                                                                  ``staged``: device memory always goes through bounce
+                                                                  buffers and vendor copies. ``direct``: device memory
+                                                                  must be direct-capable (an error says why not).
+                                                                  Host memory is always read and written in place.
+``engine``               ``PHX_IO_ENGINE``             auto       ``io_uring`` (rings through raw system calls),
+                                                                  ``threads`` (pread/pwrite workers), or ``auto``:
+                                                                  io_uring where the kernel allows it, else threads
+                                                                  (the reason: ``phoenix.io.capabilities()``).
+``fmap_cache``           ``PHX_FMAP_CACHE``            min(64G,   most bytes of file mappings kept host-registered
+                                                       RAM/2)     for warm reads into device memory (a file range in
+                                                                  the page cache or tmpfs, mmap'd and registered once,
+                                                                  then one DMA per read). LRU under this budget; the
+                                                                  pages stay pinned in the page cache. 0: off.
+``fmap_mode``            ``PHX_FMAP_MODE``             auto       ``auto``: a miss is read staged and its windows are
+                                                                  registered on a background thread (the next read
+                                                                  hits; :func:`phoenix.io.fmap_wait` waits for it).
+                                                                  ``sync``: a miss registers in the submitting thread
+                                                                  and is served from the mapping (tests, benchmarks).
+                                                                  ``off``: never.
+``fmap_window``          ``PHX_FMAP_WINDOW``           1G         bytes per mapping window (aligned in file offsets,
+                                                                  a multiple of 2M): the unit of registration.
+``fmap_register_flags``  ``PHX_FMAP_REGISTER_FLAGS``   9          host_register flags for the mappings: CUDA's
+                                                                  portable (1) | read-only (8); a refusal is retried
+                                                                  without read-only, then the window is never retried.
+=======================  ============================  =========  =====================================================
 
 Per file, ``phoenix.io.open(..., direct=None|True|False)`` chooses O_DIRECT (None: where the
 file system takes it; unaligned heads and tails always go through the buffered descriptor),
@@ -47,8 +63,9 @@ Use::
 
 Overrides are process-wide (like KvikIO's ``kvikio.defaults.set``), nest, and are undone
 at the end of the ``with`` block. Requests already submitted keep the settings they were
-submitted with; a change of threads, queue depth, chunk size, pool size or engine starts a
-new worker pool for the requests that follow (the old one finishes its work and exits).
+submitted with; a change of threads, queue depth, chunk size, pool size, engine or an
+``fmap_*`` setting starts a new worker pool (with an empty file-mapping cache) for the
+requests that follow (the old one finishes its work and exits).
 """
 
 from __future__ import annotations
@@ -64,6 +81,7 @@ from .vendor import parse_size
 
 MODES = ("auto", "staged", "direct")
 ENGINES = ("auto", "io_uring", "threads")
+FMAP_MODES = ("auto", "off", "sync")
 
 #: setting name -> environment variable
 ENV = {
@@ -73,11 +91,23 @@ ENV = {
     "bounce_pool_size": "PHX_BOUNCE_POOL_SIZE",
     "mode": "PHX_MODE",
     "engine": "PHX_IO_ENGINE",
+    "fmap_cache": "PHX_FMAP_CACHE",
+    "fmap_mode": "PHX_FMAP_MODE",
+    "fmap_window": "PHX_FMAP_WINDOW",
+    "fmap_register_flags": "PHX_FMAP_REGISTER_FLAGS",
 }
 
 
 def _default_threads() -> int:
     return min(16, max(4, os.cpu_count() or 4))
+
+
+def _default_fmap_cache() -> int:
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        ram = 0
+    return min(64 << 30, ram // 2) if ram > 0 else 8 << 30
 
 
 DEFAULTS = {
@@ -87,6 +117,10 @@ DEFAULTS = {
     "bounce_pool_size": 256 << 20,
     "mode": "auto",
     "engine": "auto",
+    "fmap_cache": _default_fmap_cache(),
+    "fmap_mode": "auto",
+    "fmap_window": 1 << 30,
+    "fmap_register_flags": 9,
 }
 
 
@@ -100,22 +134,31 @@ class Settings:
     bounce_pool_size: int
     mode: str
     engine: str
+    fmap_cache: int
+    fmap_mode: str
+    fmap_window: int
+    fmap_register_flags: int
 
     def pool_key(self) -> tuple:
-        """The values a worker pool is built with (mode is per request)."""
-        return (self.threads, self.chunk_size, self.queue_depth, self.bounce_pool_size, self.engine)
+        """The values a worker pool is built with (mode is per request). The file-mapping
+        cache belongs to the pool: changing its settings starts a new one (empty)."""
+        return (self.threads, self.chunk_size, self.queue_depth, self.bounce_pool_size, self.engine,
+                self.fmap_cache, self.fmap_mode, self.fmap_window, self.fmap_register_flags)
 
 
 def _check(name: str, value, source: str):
     """Validate and normalize one value; ValueError naming the setting and where it came from."""
-    if name in ("mode", "engine"):
+    if name in ("mode", "engine", "fmap_mode"):
         text = str(value).strip().lower()
-        choices = MODES if name == "mode" else ENGINES
+        choices = MODES if name == "mode" else ENGINES if name == "engine" else FMAP_MODES
         if text not in choices:
             raise ValueError(f"{source}: {name}={value!r} is not one of {', '.join(choices)}")
         return text
     try:
-        n = parse_size(value) if isinstance(value, str) else int(value)
+        if name == "fmap_register_flags" and isinstance(value, str):
+            n = int(value.strip(), 0)  # 9, 0x9
+        else:
+            n = parse_size(value) if isinstance(value, str) else int(value)
     except (TypeError, ValueError):
         raise ValueError(f"{source}: {name}={value!r} is not an integer or a size (4096, 64K, 16M, 2G)") from None
     if name == "threads" and not 1 <= n <= 1024:
@@ -126,6 +169,12 @@ def _check(name: str, value, source: str):
         raise ValueError(f"{source}: chunk_size={n} must be a multiple of 4096 between 4K and 1G")
     if name == "bounce_pool_size" and n < 1 << 20:
         raise ValueError(f"{source}: bounce_pool_size={n} must be at least 1M")
+    if name == "fmap_cache" and n < 0:
+        raise ValueError(f"{source}: fmap_cache={n} must be 0 (off) or a size")
+    if name == "fmap_window" and (n < 2 << 20 or n % (2 << 20)):
+        raise ValueError(f"{source}: fmap_window={n} must be a multiple of 2M")
+    if name == "fmap_register_flags" and not 0 <= n <= 0xFFFFFFFF:
+        raise ValueError(f"{source}: fmap_register_flags={n} must be an unsigned 32-bit value")
     return n
 
 

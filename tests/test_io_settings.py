@@ -95,7 +95,8 @@ def test_capabilities_say_why(rt, tmp_path):
     assert caps["vendor"]["name"] == "host" and caps["vendor"]["data_path"] == "complete"
     modes = caps["modes"]
     assert modes["host"]["available"] and modes["direct"]["available"] and modes["staged"]["available"]
-    assert not modes["zero_copy_file_mappings"]["available"] and "not implemented" in modes["zero_copy_file_mappings"]["why"]
+    zc = modes["zero_copy_file_mappings"]
+    assert zc["available"] and "one DMA per read" in zc["why"] and zc["state"]["mode"] == "auto"
     assert caps["stream_ordered"]["available"]
     assert "available" in caps["page_cache_probe"] and caps["page_cache_probe"]["why"]
     assert set(caps["settings"]) == set(ps.DEFAULTS)

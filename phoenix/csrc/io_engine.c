@@ -56,6 +56,7 @@ void phx_io_get_stats(struct phx_io_stats *o)
     S(chunks_user); S(chunks_staged); S(chunks_staged_cpu);
     S(io_direct); S(io_buffered); S(reissues); S(direct_fallbacks); S(uring_enters);
     S(cache_hit_bytes); S(cache_misses);
+    S(fmap_windows); S(fmap_bytes); S(fmap_hits); S(fmap_misses);
 #undef S
 }
 
@@ -283,6 +284,8 @@ static void req_complete(phx_req *r)
     io_done_fn cb = r->on_done;
     void *arg = r->on_done_arg;
     int file_ref = r->file_ref;
+    if (r->fmap_write)
+        fmap_write_end(ctx, f);
     STAT_ADD(requests, -1); /* before file_put: once close() returns, counters are settled */
     io_set_flag(&r->state);
     if (cb)
@@ -375,6 +378,62 @@ static int dev_copy(struct io_worker *w, struct io_chunk *ch, int to_device, phx
     if (dp->launch_host_func(stream, cb, ch) != dp->success)
         return dp->stream_synchronize(stream) == dp->success ? 1 : -EIO;
     return 0;
+}
+
+/* ---- chunks: warm reads from registered file mappings (io_fmap.c) ----------------------- */
+
+/* Stream callback: every piece of a hit is on the device. Drops the window references
+ * (no vendor call) and completes the request as one chunk: chunks[0] is rewritten to
+ * stand for the whole request (its count: the contiguous prefix before end of file). */
+static void cb_fmap_copied(void *arg)
+{
+    phx_req *r = arg;
+    phx_ctx *ctx = r->ctx;
+    uint64_t got = 0;
+    int short_seen = 0;
+    for (uint32_t i = 0; i < r->nchunks; i++) {
+        struct io_chunk *ch = &r->chunks[i];
+        if (ch->win) {
+            fmap_unref(ctx, ch->win);
+            ch->win = NULL;
+        }
+        if (!short_seen)
+            got += ch->got;
+        if (ch->got < ch->len)
+            short_seen = 1;
+    }
+    struct io_chunk *c0 = &r->chunks[0];
+    c0->foff = r->foff;
+    c0->len = r->size;
+    c0->got = c0->err ? 0 : got;
+    chunk_finish(c0);
+}
+
+/* A hit is one unit of work (only chunks[0] is queued): one memcpy_async per piece on
+ * this worker's stream, then one host callback for the whole request. One wakeup, one
+ * waiter, no bounce slot, no file I/O. */
+static void fmap_req_start(struct io_worker *w, struct io_chunk *c0)
+{
+    phx_req *r = c0->req;
+    const struct phx_dp_table *dp = &w->ctx->dp;
+    w->owned--;
+    w->owned_bytes -= c0->len;
+    void *stream = worker_stream(w, r->device);
+    int err = stream ? 0 : EIO;
+    for (uint32_t i = 0; i < r->nchunks && !err; i++) {
+        struct io_chunk *ch = &r->chunks[i];
+        if (!ch->win || !ch->got)
+            continue;
+        if (dp->memcpy_async(ch->user, ch->win->addr + (ch->foff - ch->win->off), ch->got, dp->kind_h2d, stream) !=
+            dp->success)
+            err = EIO;
+    }
+    if (!err && dp->launch_host_func(stream, cb_fmap_copied, r) == dp->success)
+        return;
+    if (stream && dp->stream_synchronize(stream) != dp->success)
+        err = EIO;
+    c0->err = err;
+    cb_fmap_copied(r);
 }
 
 /* ---- chunks: file I/O ---------------------------------------------------------------- */
@@ -623,6 +682,10 @@ static void chunk_start(struct io_worker *w, struct io_chunk *ch)
 {
     phx_req *r = ch->req;
     ch->owner = w;
+    if (ch->path == CH_FMAP) {
+        fmap_req_start(w, ch);
+        return;
+    }
     if (ch->path != CH_USER && !ch->slot) {
         ch->slot = pool_alloc(&w->ctx->pool, ch->slot_bytes, w);
         if (!ch->slot) {
@@ -878,6 +941,7 @@ static void ctx_stop_workers(phx_ctx *ctx, int n)
 
 static void ctx_free(phx_ctx *ctx)
 {
+    fmap_fini(ctx); /* after the workers: no request is left to use a window */
     pool_fini(&ctx->pool);
     pthread_mutex_destroy(&ctx->qmu);
     pthread_mutex_destroy(&ctx->mu);
@@ -901,6 +965,7 @@ static int ctx_create_engine(const struct phx_io_config *cfg, const struct phx_d
         ctx->has_dp = 1;
     }
     ctx->chunk = cfg->chunk_size;
+    fmap_init(ctx);
     /* staged chunks: at least two slots fit in the pool, so the pipeline can overlap */
     uint64_t half = align_down(cfg->bounce_pool_size / 2, IO_POOL_UNIT);
     if (half > 2 * IO_MAX_ALIGN)
@@ -1073,7 +1138,13 @@ static phx_req *req_build(phx_ctx *ctx, const struct phx_io_desc *d, int interna
     uint32_t nchunks = 0;
     int direct = 0, slot_path = staged_dev;
     uint64_t C = ctx->chunk, A = 4096;
-    if (!err && d->size) {
+    struct fmap_plan fp = {0};
+    int fhit = 0;
+    if (!err && d->size && d->op == PHX_OP_READ && staged_dev && !internal)
+        fhit = fmap_plan(ctx, f, d, &fp);
+    if (fhit) {
+        nchunks = fp.nchunks;
+    } else if (!err && d->size) {
         direct = atomic_load(&f->direct_ok);
         A = direct ? f->align : 4096;
         if (!staged_dev && direct) {
@@ -1090,8 +1161,11 @@ static phx_req *req_build(phx_ctx *ctx, const struct phx_io_desc *d, int interna
         nchunks = (uint32_t)((last - first) / C + 1);
     }
     phx_req *r = calloc(1, sizeof(*r) + (size_t)nchunks * sizeof(struct io_chunk));
-    if (!r)
+    if (!r) {
+        if (fhit)
+            fmap_plan_drop(ctx, &fp);
         return NULL;
+    }
     r->ctx = ctx;
     r->file = f;
     r->op = d->op;
@@ -1119,6 +1193,14 @@ static phx_req *req_build(phx_ctx *ctx, const struct phx_io_desc *d, int interna
         return r;
     }
     r->nchunks = nchunks;
+    if (fhit) {
+        /* one unit of work: see fmap_req_start */
+        atomic_init(&r->pending, 1);
+        r->path = CH_FMAP;
+        fmap_fill(ctx, &fp, r);
+        *queued = 1;
+        return r;
+    }
     atomic_init(&r->pending, (int)nchunks);
     int path = staged_dev ? CH_STAGED_DEV : slot_path ? CH_STAGED_CPU : CH_USER;
     r->path = path;
@@ -1174,11 +1256,25 @@ static int req_enter(phx_ctx *ctx, phx_req *r, int internal)
         return rc;
     }
     STAT_ADD(requests, 1);
+    if (r->op == PHX_OP_WRITE && r->size && !internal) {
+        /* (a stream op's own writes are counted by the op, in the caller's thread:
+         * they are submitted from stream callbacks, where no vendor call may run) */
+        r->fmap_write = 1; /* before the write is queued: see fmap_write_begin */
+        fmap_write_begin(ctx, r->file, r->foff, r->size);
+    }
     return 0;
 }
 
 static void req_refused(phx_req *r, int err)
 {
+    if (r->path == CH_FMAP) { /* a hit refused at entry: give its windows back */
+        for (uint32_t i = 0; i < r->nchunks; i++) {
+            if (r->chunks[i].win) {
+                fmap_unref(r->ctx, r->chunks[i].win);
+                r->chunks[i].win = NULL;
+            }
+        }
+    }
     req_fail_now(r, -err);
     if (r->on_done)
         r->on_done(r, r->on_done_arg);
@@ -1209,7 +1305,8 @@ int phx_submit(phx_ctx *ctx, const struct phx_io_desc *descs, uint32_t n, phx_re
             req_refused(r, rc);
             continue;
         }
-        for (uint32_t c = 0; c < r->nchunks; c++) {
+        uint32_t nqueue = r->path == CH_FMAP ? 1 : r->nchunks;
+        for (uint32_t c = 0; c < nqueue; c++) {
             struct io_chunk *ch = &r->chunks[c];
             ch->next = NULL;
             if (tail)
@@ -1218,7 +1315,7 @@ int phx_submit(phx_ctx *ctx, const struct phx_io_desc *descs, uint32_t n, phx_re
                 head = ch;
             tail = ch;
         }
-        nq += (int)r->nchunks;
+        nq += (int)nqueue;
     }
     queue_push(ctx, head, tail, nq);
     return 0;
@@ -1240,12 +1337,13 @@ int io_submit_one(phx_ctx *ctx, const struct phx_io_desc *d, int internal, io_do
         req_refused(r, rc);
         return 0;
     }
+    uint32_t nqueue = r->path == CH_FMAP ? 1 : r->nchunks;
     struct io_chunk *head = &r->chunks[0], *tail = head;
-    for (uint32_t c = 0; c < r->nchunks; c++) {
-        r->chunks[c].next = c + 1 < r->nchunks ? &r->chunks[c + 1] : NULL;
+    for (uint32_t c = 0; c < nqueue; c++) {
+        r->chunks[c].next = c + 1 < nqueue ? &r->chunks[c + 1] : NULL;
         tail = &r->chunks[c];
     }
-    queue_push(ctx, head, tail, (int)r->nchunks);
+    queue_push(ctx, head, tail, (int)nqueue);
     return 0;
 }
 

@@ -99,10 +99,17 @@ static int file_setup_direct(phx_file *f, int direct, int fd_direct, int open_er
     return 0;
 }
 
-static int file_finish_open(phx_file *f, phx_file **out)
+static int file_finish_open(phx_file *f, int direct, phx_file **out)
 {
     struct stat st;
-    if (fstat(f->fd_buf, &st) == 0 && !S_ISREG(st.st_mode) && f->fd_direct >= 0 && !S_ISBLK(st.st_mode)) {
+    int have = fstat(f->fd_buf, &st) == 0;
+    if (have) {
+        f->st_dev = (uint64_t)st.st_dev;
+        f->st_ino = (uint64_t)st.st_ino;
+        /* direct=ON asks for the disk every time: no page-cache mappings for it */
+        f->fmap_ok = S_ISREG(st.st_mode) && direct != PHX_DIRECT_ON && (f->flags & PHX_F_READ);
+    }
+    if (have && !S_ISREG(st.st_mode) && f->fd_direct >= 0 && !S_ISBLK(st.st_mode)) {
         /* character devices and pipes: no O_DIRECT semantics to rely on */
         close(f->fd_direct);
         f->fd_direct = -1;
@@ -143,7 +150,7 @@ int phx_file_open(const char *path, int flags, int perm, int direct, phx_file **
         file_free(f);
         return rc;
     }
-    return file_finish_open(f, out);
+    return file_finish_open(f, direct, out);
 }
 
 int phx_file_from_fd(int fd, int direct, phx_file **out)
@@ -194,7 +201,7 @@ int phx_file_from_fd(int fd, int direct, phx_file **out)
         file_free(f);
         return rc;
     }
-    return file_finish_open(f, out);
+    return file_finish_open(f, direct, out);
 }
 
 int file_get(phx_file *f)
@@ -302,14 +309,4 @@ int file_fault(phx_file *f, int64_t off, uint64_t len)
     if (off < f->fault_off + (int64_t)f->fault_len && f->fault_off < off + (int64_t)len)
         return err;
     return 0;
-}
-
-int phx_fmap_lookup(phx_file *f, int64_t offset, uint64_t length, void **host_addr)
-{
-    (void)f;
-    (void)offset;
-    (void)length;
-    if (host_addr)
-        *host_addr = NULL;
-    return -ENOSYS; /* see phx_io.h: the file-mapping registration cache is a TODO */
 }

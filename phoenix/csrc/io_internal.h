@@ -49,6 +49,7 @@ struct io_counters {
     _Atomic int64_t chunks_user, chunks_staged, chunks_staged_cpu;
     _Atomic int64_t io_direct, io_buffered, reissues, direct_fallbacks, uring_enters;
     _Atomic int64_t cache_hit_bytes, cache_misses;
+    _Atomic int64_t fmap_windows, fmap_bytes, fmap_hits, fmap_misses;
 };
 extern struct io_counters io_stats;
 #define STAT_ADD(field, v) atomic_fetch_add_explicit(&io_stats.field, (v), memory_order_relaxed)
@@ -89,6 +90,10 @@ struct phx_file {
     uint32_t a_off, a_mem;      /* O_DIRECT alignments (file offset/length, memory) */
     uint32_t align;             /* max(a_off, a_mem, page size): the planner's unit */
     _Atomic int64_t known_size; /* largest end of a submitted write */
+    uint64_t st_dev, st_ino;    /* the fmap cache's key (fstat at open) */
+    int fmap_ok;                /* a regular file not opened direct=ON: fmap may serve it */
+    _Atomic int fmap_cold;      /* consecutive misses whose range was not cached */
+    _Atomic uint32_t fmap_tick; /* ... after 8 of them, one miss in 32 probes */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int64_t inflight;           /* requests + stream ops (mu) */
@@ -137,7 +142,7 @@ void pool_free(struct io_pool *p, void *ptr, uint64_t bytes);
 uint64_t pool_round(uint64_t bytes);
 
 /* ---- requests ---- */
-enum { CH_USER = 0, CH_STAGED_CPU = 1, CH_STAGED_DEV = 2 };
+enum { CH_USER = 0, CH_STAGED_CPU = 1, CH_STAGED_DEV = 2, CH_FMAP = 3 };
 struct io_chunk;
 struct io_sub {
     struct io_chunk *ch;
@@ -164,6 +169,7 @@ struct io_chunk {
     uint8_t path, nsub, subs_left;
     int err;
     uint64_t got;
+    struct io_fwin *win;   /* CH_FMAP: the registered window this piece copies from */
     struct io_sub sub[3];
 };
 typedef void (*io_done_fn)(struct phx_req *r, void *arg);
@@ -172,6 +178,7 @@ struct phx_req {
     phx_file *file;
     int op, mem, device, path;
     int file_ref;           /* counted in the file (not for a stream op's own requests) */
+    int fmap_write;         /* a write counted by fmap_write_begin */
     char *addr;
     int64_t foff;
     uint64_t size;
@@ -188,6 +195,77 @@ struct phx_req {
     uint32_t nchunks;
     struct io_chunk chunks[];
 };
+
+/* ---- the file-mapping registration cache (io_fmap.c; phx_io.h says what it is) ---- */
+enum { FW_PENDING = 0, FW_READY = 1, FW_UNREG = 2 };
+struct io_fwin {
+    struct io_fwin *hnext;         /* hash chain (fmap mu) */
+    struct io_fwin *lprev, *lnext; /* LRU of READY windows, most recent first */
+    struct io_fwin *qnext;         /* registration queue / release list */
+    uint64_t dev, ino;
+    int64_t off;                   /* file offset of the window (idx * window) */
+    uint64_t len;                  /* bytes mapped (the last window ends at the page-rounded size) */
+    int64_t fsize, mtime_ns, ctime_ns; /* the file when it was mapped */
+    char *addr;                    /* the mapping (READY) */
+    int state;                     /* FW_* */
+    int hashed;                    /* in the hash (not yet dropped) */
+    int refs;                      /* requests copying from it (fmap mu) */
+    int device, fd;                /* PENDING: where to register, a dup of the file's fd */
+};
+#define FMAP_HASH 1024
+#define FMAP_WHASH 256
+struct io_fwrite {
+    struct io_fwrite *next;
+    uint64_t dev, ino, gen; /* gen: wgen when the last write started */
+    int64_t writes;         /* in flight */
+};
+#define FMAP_PIECE (256ull << 20)  /* bytes per memcpy_async of a hit */
+struct io_fmap {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;             /* wakes the registrar */
+    pthread_cond_t idle_cv;        /* queue drained / registration finished */
+    int mode;                      /* enum phx_fmap_mode (OFF when unusable) */
+    uint64_t budget, window;
+    unsigned flags;
+    char why[160];
+    struct io_fwin *hash[FMAP_HASH];
+    struct io_fwin lru;            /* sentinel */
+    struct io_fwin *q_head, *q_tail, *release;
+    uint64_t bytes;                /* READY bytes */
+    uint64_t reserved;             /* bytes of registrations in progress (counted in the budget) */
+    int64_t windows, pending, unregistrable, in_use;
+    int64_t hits, misses, registrations, evictions, invalidations;
+    int busy, stop, started;
+    pthread_t th;
+    /* phoenix writes per inode: a window is not registered while one runs or if one
+     * started during its registration (an O_DIRECT write cannot invalidate pinned
+     * page-cache pages); entries go when idle and no registration is in progress */
+    struct io_fwrite *wtab[FMAP_WHASH];
+    uint64_t wgen;                 /* writes started */
+    int regs_active;               /* registrations in progress */
+};
+struct phx_ctx;
+struct fmap_plan {
+    struct io_fwin **wins;
+    int nwins;
+    int64_t fsize;
+    uint32_t nchunks;
+};
+void fmap_init(struct phx_ctx *ctx);
+void fmap_fini(struct phx_ctx *ctx);
+/* A staged read into device memory: 1 when every window of its range is registered
+ * (refs taken, plan filled), 0 otherwise (a miss: registration queued or done). */
+int fmap_plan(struct phx_ctx *ctx, phx_file *f, const struct phx_io_desc *d, struct fmap_plan *p);
+/* Lay the plan's pieces out as the request's chunks (one ref each), drop the plan. */
+void fmap_fill(struct phx_ctx *ctx, struct fmap_plan *p, struct phx_req *r);
+void fmap_plan_drop(struct phx_ctx *ctx, struct fmap_plan *p);
+/* Drop a piece's reference; safe in stream callbacks (no vendor call: a dropped window
+ * whose last user this was goes to the registrar to be released). */
+void fmap_unref(struct phx_ctx *ctx, struct io_fwin *w);
+/* A write through this context, before it is queued: count it in flight for its inode
+ * and drop the windows it overlaps. fmap_write_end when it completes. */
+void fmap_write_begin(struct phx_ctx *ctx, phx_file *f, int64_t off, uint64_t len);
+void fmap_write_end(struct phx_ctx *ctx, phx_file *f);
 
 /* ---- workers and context (io_engine.c) ---- */
 struct io_worker {
@@ -231,6 +309,7 @@ struct phx_ctx {
     pthread_mutex_t mu;       /* inflight / destroy */
     pthread_cond_t cv;
     int64_t inflight;         /* requests + stream ops */
+    struct io_fmap fmap;
 };
 void worker_wake(struct io_worker *w);
 /* Submit one request internally (stream ops): no registration check, on_done called

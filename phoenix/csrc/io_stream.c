@@ -64,6 +64,7 @@ struct phx_sop {
     char *slots[SOP_MAX_SLOTS];
     _Atomic uint32_t direct_done;
     int64_t direct_result;
+    int fmap_write; /* counted by fmap_write_begin (here, not in the callbacks: it may unregister) */
     struct sop_chunk ch[];
 };
 
@@ -84,6 +85,8 @@ static void sop_complete(phx_sop *s, int64_t result)
     if (s->user_bytes_done)
         __atomic_store_n(s->user_bytes_done, result, __ATOMIC_RELEASE);
     phx_file *f = s->file;
+    if (s->fmap_write)
+        fmap_write_end(ctx, f);
     STAT_ADD(stream_ops, -1);
     io_set_flag(&s->state);
     file_put(f);
@@ -217,6 +220,8 @@ static int sop_abort(phx_sop *s, int err)
     phx_ctx *ctx = s->ctx;
     for (int i = 0; i < s->nslots; i++)
         pool_free(&ctx->pool, s->slots[i], s->slot_bytes);
+    if (s->fmap_write)
+        fmap_write_end(ctx, s->file);
     file_put(s->file);
     STAT_ADD(stream_ops, -1);
     free(s);
@@ -299,6 +304,10 @@ int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64
     STAT_ADD(stream_ops, 1);
     if (bytes_done)
         *bytes_done = 0;
+    if (d->op == PHX_OP_WRITE && size) {
+        s->fmap_write = 1; /* drops the windows it overlaps, in this (the caller's) thread */
+        fmap_write_begin(ctx, f, d->file_offset, size);
+    }
 
     if (!staged) {
         if (dp->launch_host_func(stream, hf_direct, s) != dp->success)

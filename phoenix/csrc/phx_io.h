@@ -49,7 +49,17 @@ struct phx_io_config {
     uint64_t chunk_size;       /* bytes per chunk, a multiple of 4096 */
     uint64_t bounce_pool_size; /* most pinned bounce bytes the context may hold */
     int32_t engine;            /* enum phx_engine */
+    int32_t fmap_mode;         /* enum phx_fmap_mode: the file-mapping cache (below) */
+    uint64_t fmap_budget;      /* most bytes of file mappings registered at once (0: off) */
+    uint64_t fmap_window;      /* bytes per mapping window: a multiple of 2 MiB */
+    uint32_t fmap_register_flags; /* host_register flags for mappings (CUDA: 1 portable | 8 read-only) */
     uint32_t reserved;
+};
+
+enum phx_fmap_mode {
+    PHX_FMAP_AUTO = 0, /* a miss is served staged; the window is registered in the background */
+    PHX_FMAP_OFF = 1,
+    PHX_FMAP_SYNC = 2, /* a miss registers the window in the submitting thread, then hits */
 };
 
 /* Can `engine` run here? Returns the engine that would serve (IO_URING or THREADS;
@@ -193,16 +203,49 @@ int phx_reg_lookup(uint64_t addr, uint64_t size, struct phx_reg_info *out);
 /* Drop every registration (driver close); returns how many there were. */
 int phx_reg_clear(void);
 
-/* Zero-copy from file mappings (hook for the vendor ports, not implemented yet).
+/* ---- the file-mapping registration cache (io_fmap.c) ------------------------------------
  *
- * TODO(nvidia issue): a registration cache of file mappings: a file range that is
- * mmap'd (MAP_SHARED, populated from the page cache) and host-registered once can be
- * DMA'd to the device with a single memcpy_async (the anchors measure 54.7 GB/s at
- * ~0.02 CPU s/GB against ~0.3 for copying through bounce buffers). Registering costs
- * ~0.09 s/GiB, so the cache keeps mappings by (dev, ino, offset, length, mtime) and
- * evicts by LRU under a byte budget. The staged read path asks phx_fmap_lookup first
- * and falls back to bounce buffers on -ENOSYS / -ENOENT. */
-int phx_fmap_lookup(phx_file *f, int64_t offset, uint64_t length, void **host_addr);
+ * Warm reads into device memory: a file range that is in the page cache (or tmpfs) is
+ * mmap'd (PROT_READ, MAP_SHARED|MAP_POPULATE: the page-cache pages themselves, no copy)
+ * in windows of fmap_window bytes (aligned in file offsets), and each window is
+ * host-registered once with the vendor (fmap_register_flags; retried without read-only,
+ * then marked unregistrable and never retried). A staged read into device memory whose
+ * whole range lies in registered windows is one unit of work: one worker queues one
+ * memcpy_async per window piece (<= 256 MiB) on its stream and one host callback that
+ * completes the request -- no bounce buffer, no pread, one wakeup, one waiter (about
+ * 0.02 CPU s/GB against 0.3 for copying through bounce buffers). Registering costs
+ * about 0.09 s/GiB, so windows are cached by (st_dev, st_ino, window), checked against
+ * the file's size, mtime and ctime at every lookup, reused across opens (closing a file
+ * keeps them), evicted LRU under fmap_budget (only when no request uses them), dropped
+ * when a write through this context overlaps them, and released by phx_fmap_clear and
+ * phx_ctx_destroy. A miss is read through the staged path; the windows it touched that
+ * are resident (cachestat) are queued to one background registrar thread (nice 19),
+ * or registered right away in PHX_FMAP_SYNC mode. Not used for files opened direct=ON,
+ * for files with an injected fault, or without the vendor's host_register.
+ *
+ * Coherence: the mapping shares the page cache, so buffered writes by anyone are seen;
+ * other writers are caught by the mtime/ctime/size check (timestamps are as fine as the
+ * file system's clock: two external writes within one tick of it keep the mtime). */
+struct phx_fmap_info {
+    int32_t mode;              /* enum phx_fmap_mode in effect (OFF when unusable) */
+    uint32_t register_flags;
+    uint64_t budget, window;
+    int64_t windows, bytes;    /* registered windows and their bytes */
+    int64_t pending, unregistrable, in_use; /* queued; refused by the vendor; used by requests */
+    int64_t hits, misses, registrations, evictions, invalidations;
+    char why[160];             /* why the cache is off, when it is */
+};
+int phx_fmap_query(phx_ctx *ctx, struct phx_fmap_info *out);
+/* Is [offset, offset+length) of f in one registered, current window? 0 and its mapped
+ * address (valid until the window is dropped: diagnostics and tests only), -ENOENT, or
+ * -ENOSYS when the cache is off. */
+int phx_fmap_lookup(phx_ctx *ctx, phx_file *f, int64_t offset, uint64_t length, void **host_addr);
+/* Wait until the background registrar has nothing queued (timeout_ns < 0: forever);
+ * -ETIMEDOUT first. "The registration happens between agent rounds." */
+int phx_fmap_wait(phx_ctx *ctx, int64_t timeout_ns);
+/* Drop every window (those in use go when their requests finish) and the queue; waits
+ * for a registration in progress. Returns how many windows were dropped. */
+int phx_fmap_clear(phx_ctx *ctx);
 
 /* Is [addr, addr+size) readable memory of this process? 0, or -EFAULT (unmapped, or
  * PROT_NONE: a freed buffer of the host vendor's arena). Probes the first and the last
@@ -222,6 +265,8 @@ struct phx_io_stats {
     int64_t chunks_user, chunks_staged, chunks_staged_cpu;
     int64_t io_direct, io_buffered, reissues, direct_fallbacks, uring_enters;
     int64_t cache_hit_bytes, cache_misses; /* page-cache probes (cachestat) of O_DIRECT reads */
+    /* file-mapping cache: live windows and bytes registered; requests served by it or not */
+    int64_t fmap_windows, fmap_bytes, fmap_hits, fmap_misses;
 };
 void phx_io_get_stats(struct phx_io_stats *out);
 

@@ -1,0 +1,437 @@
+"""The file-mapping registration cache (warm reads into device memory), on the host vendor.
+
+A staged read into device memory of a file range that is in the page cache is served,
+once the range's window is mmap'd and host-registered, by one vendor copy from the
+mapping. Every test uses random bytes, poisons its destination and checks every byte:
+the extent read and that nothing around it was touched. Windows are 2 MiB here so that
+small files span several.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import phoenix.io as pio
+import phoenix.settings as ps
+from phoenix.registry import get_runtime
+from phoenix.vendor import CopyKind
+
+POISON = 0xA5
+W = 2 << 20
+ENGINES = ["io_uring", "threads"]
+
+
+@pytest.fixture(scope="module")
+def rt():
+    runtime = get_runtime("host")
+    pio.use_runtime(runtime)
+    yield runtime
+    pio.shutdown()
+    pio.use_runtime(None)
+
+
+@pytest.fixture(autouse=True)
+def _fresh(rt):
+    pio.shutdown()  # each test starts with an empty cache
+    yield
+    pio.shutdown()
+
+
+class Dev:
+    def __init__(self, rt, n):
+        self.rt, self.n = rt, n
+        self.ptr = rt.device_alloc(n)
+        self.poison()
+
+    def poison(self):
+        h = np.full(self.n, POISON, np.uint8)
+        self.rt.memcpy(self.ptr, h.ctypes.data, self.n, CopyKind.HOST_TO_DEVICE)
+
+    def host(self) -> np.ndarray:
+        h = np.empty(self.n, np.uint8)
+        self.rt.memcpy(h.ctypes.data, self.ptr, self.n, CopyKind.DEVICE_TO_HOST)
+        return h
+
+    def buf(self):
+        return (self.ptr, self.n)
+
+    def free(self):
+        self.rt.device_free(self.ptr)
+
+
+@pytest.fixture
+def dev(rt):
+    made = []
+
+    def make(n):
+        d = Dev(rt, n)
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        d.free()
+
+
+def check_extent(got, want, start, count):
+    np.testing.assert_array_equal(got[start:start + count], want[:count])
+    assert (got[:start] == POISON).all(), "bytes before the extent were touched"
+    assert (got[start + count:] == POISON).all(), "bytes after the extent were touched"
+
+
+def make_file(path, size, seed=1):
+    data = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+    data.tofile(path)
+    return data
+
+
+def fmap(**kw):
+    kw.setdefault("fmap_window", W)
+    kw.setdefault("mode", "staged")
+    return ps.override(**kw)
+
+
+def hits():
+    return pio.stats()["fmap_hits"]
+
+
+def test_warm_read_hits_after_first_read(rt, dev, tmp_path, request):
+    """auto: the first read misses (served staged) and queues the registration; after
+    fmap_wait the next read is one copy from the mapping."""
+    for engine in ENGINES:
+        pio.shutdown()
+        path = tmp_path / f"warm-{engine}.bin"
+        size = 5 * W + 123
+        data = make_file(path, size)
+        d = dev(size + 8192)
+        with fmap(fmap_mode="auto", engine=engine), pio.open(path) as f:
+            st0 = pio.stats()
+            assert f.read(d.buf(), size, 0, 4096) == size
+            check_extent(d.host(), data, 4096, size)
+            st1 = pio.stats()
+            assert st1["fmap_misses"] == st0["fmap_misses"] + 1 and st1["fmap_hits"] == st0["fmap_hits"]
+            assert pio.fmap_wait(timeout=30)
+            info = pio.fmap_info()
+            assert info["windows"] == 6 and info["pending"] == 0 and info["mode"] == "auto"
+            assert pio.stats()["fmap_windows"] == 6 and pio.stats()["fmap_bytes"] == 5 * W + 4096
+            d.poison()
+            staged_before = pio.stats()["chunks_staged"]
+            assert f.read(d.buf(), size, 0, 4096) == size
+            st2 = pio.stats()
+            assert st2["fmap_hits"] == st1["fmap_hits"] + 1
+            assert st2["chunks_staged"] == staged_before  # no bounce buffer, no file I/O
+            check_extent(d.host(), data, 4096, size)
+            assert pio._fmap_lookup(f, 100, 1000) is not None
+
+
+def test_sync_mode_hits_at_once_and_close_keeps_windows(rt, dev, tmp_path):
+    path = tmp_path / "sync.bin"
+    size = 3 * W
+    data = make_file(path, size, 2)
+    d = dev(size)
+    with fmap(fmap_mode="sync"):
+        with pio.open(path) as f:
+            h0 = hits()
+            assert f.read(d.buf()) == size
+            assert hits() == h0 + 1
+            check_extent(d.host(), data, 0, size)
+        # closing keeps the windows: a new open of the same file hits
+        assert pio.fmap_info()["windows"] == 3
+        with pio.open(path) as f:
+            d.poison()
+            assert f.read(d.buf()) == size
+            assert hits() == h0 + 2
+            assert pio.fmap_info()["registrations"] == 3
+            check_extent(d.host(), data, 0, size)
+
+
+def test_unaligned_extents_within_a_hit(rt, dev, tmp_path):
+    path = tmp_path / "unaligned.bin"
+    size = 4 * W + 777
+    data = make_file(path, size, 3)
+    rng = np.random.default_rng(7)
+    d = dev(size + 16384)
+    with fmap(fmap_mode="sync"), pio.open(path) as f:
+        f.read(d.buf(), size, 0, 0)  # registers every window
+        for _ in range(60):
+            n = int(rng.integers(1, 3 * W))
+            off = int(rng.integers(0, size - n))
+            boff = int(rng.integers(0, 16384))
+            d.poison()
+            h0 = hits()
+            assert f.read(d.buf(), n, off, boff) == n
+            assert hits() == h0 + 1
+            check_extent(d.host(), data[off:], boff, n)
+
+
+def test_read_spanning_windows_and_past_eof(rt, dev, tmp_path):
+    path = tmp_path / "span.bin"
+    size = 2 * W + 5000
+    data = make_file(path, size, 4)
+    d = dev(3 * W)
+    with fmap(fmap_mode="sync"), pio.open(path) as f:
+        # across the border of windows 0 and 1
+        assert f.read(d.buf(), 6000, W - 3000, 100) == 6000
+        check_extent(d.host(), data[W - 3000:], 100, 6000)
+        assert pio.fmap_info()["windows"] == 2
+        # across all three windows, running past the end of the file: a short count
+        d.poison()
+        h0 = hits()
+        assert f.read(d.buf(), 3 * W - 64, 32, 64) == size - 32
+        assert hits() == h0 + 1
+        check_extent(d.host(), data[32:], 64, size - 32)
+        # entirely past the end: 0, nothing touched
+        d.poison()
+        assert f.read(d.buf(), 4096, size + 10, 0) == 0
+        assert (d.host() == POISON).all()
+
+
+def test_write_through_phoenix_invalidates(rt, dev, tmp_path):
+    path = tmp_path / "write.bin"
+    size = 3 * W
+    data = make_file(path, size, 5)
+    d = dev(size)
+    with fmap(fmap_mode="sync"), pio.open(path, "r+") as f:
+        assert f.read(d.buf()) == size
+        assert pio.fmap_info()["windows"] == 3
+        new = np.random.default_rng(9).integers(0, 256, 5000, dtype=np.uint8)
+        assert f.write(new, 5000, W + 100) == 5000  # window 1 only
+        info = pio.fmap_info()
+        assert info["windows"] == 2 and info["invalidations"] >= 1
+        assert pio._fmap_lookup(f, W, 10) is None
+        # the others are dropped at their next lookup: the write changed the file's mtime
+        assert pio._fmap_lookup(f, 0, 10) is None
+        data[W + 100:W + 5100] = new
+        d.poison()
+        assert f.read(d.buf()) == size
+        check_extent(d.host(), data, 0, size)
+        # a write from device memory (staged) invalidates as well
+        src = dev(W)
+        src_bytes = np.random.default_rng(10).integers(0, 256, W, dtype=np.uint8)
+        rt.memcpy(src.ptr, src_bytes.ctypes.data, W, CopyKind.HOST_TO_DEVICE)
+        assert f.write(src.buf(), 1000, 2 * W + 10) == 1000
+        data[2 * W + 10:2 * W + 1010] = src_bytes[:1000]
+        assert pio._fmap_lookup(f, 2 * W, 10) is None
+        d.poison()
+        assert f.read(d.buf()) == size
+        check_extent(d.host(), data, 0, size)
+
+
+def test_external_modification_invalidates(rt, dev, tmp_path):
+    path = tmp_path / "external.bin"
+    size = 2 * W
+    data = make_file(path, size, 6)
+    d = dev(size + W)
+    with fmap(fmap_mode="auto"), pio.open(path) as f:
+        f.read(d.buf(), size)
+        assert pio.fmap_wait(timeout=30)
+        assert pio.fmap_info()["windows"] == 2
+        st = os.stat(path)
+        # another writer: new bytes and a new mtime (set explicitly: the file system's
+        # clock may be coarser than the test)
+        new = np.random.default_rng(11).integers(0, 256, 4096, dtype=np.uint8)
+        with open(path, "r+b") as g:
+            g.seek(12345)
+            g.write(new.tobytes())
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        data[12345:12345 + 4096] = new
+        d.poison()
+        m0 = pio.stats()["fmap_misses"]
+        assert f.read(d.buf(), size) == size
+        assert pio.stats()["fmap_misses"] == m0 + 1  # the stale windows were dropped
+        check_extent(d.host(), data, 0, size)
+        assert pio.fmap_info()["invalidations"] == 2
+        assert pio.fmap_wait(timeout=30)
+        # the file grows: a size change drops them too, and the new bytes are read
+        more = np.random.default_rng(12).integers(0, 256, 1000, dtype=np.uint8)
+        with open(path, "ab") as g:
+            g.write(more.tobytes())
+        data = np.concatenate([data, more])
+        d.poison()
+        h0 = hits()
+        assert f.read(d.buf(), size + 1000) == size + 1000
+        assert hits() == h0
+        check_extent(d.host(), data, 0, size + 1000)
+
+
+def test_eviction_under_a_tiny_budget(rt, dev, tmp_path):
+    path = tmp_path / "evict.bin"
+    size = 5 * W
+    data = make_file(path, size, 7)
+    d = dev(W)
+    with fmap(fmap_mode="sync", fmap_cache=2 * W), pio.open(path) as f:
+        for rnd in range(2):
+            for w in range(5):
+                d.poison()
+                assert f.read(d.buf(), W, w * W) == W
+                check_extent(d.host(), data[w * W:], 0, W)
+                st = pio.stats()
+                assert st["fmap_bytes"] <= 2 * W and st["fmap_windows"] <= 2
+        info = pio.fmap_info()
+        assert info["evictions"] >= 8 and info["windows"] == 2
+        # the most recent two stay
+        assert pio._fmap_lookup(f, 4 * W, 1) is not None and pio._fmap_lookup(f, 3 * W, 1) is not None
+        assert pio._fmap_lookup(f, 0, 1) is None
+        # a window larger than the budget is never registered
+    with fmap(fmap_mode="sync", fmap_cache=W, fmap_window=2 * W), pio.open(path) as f:
+        d.poison()
+        assert f.read(d.buf(), W, 0) == W
+        check_extent(d.host(), data, 0, W)
+        assert pio.fmap_info()["windows"] == 0
+
+
+def test_fmap_off(rt, dev, tmp_path):
+    path = tmp_path / "off.bin"
+    size = 2 * W
+    data = make_file(path, size, 8)
+    d = dev(size)
+    for kw in ({"fmap_mode": "off"}, {"fmap_cache": 0}):
+        with fmap(**kw), pio.open(path) as f:
+            h0, m0 = hits(), pio.stats()["fmap_misses"]
+            for _ in range(2):
+                d.poison()
+                assert f.read(d.buf()) == size
+                check_extent(d.host(), data, 0, size)
+            assert pio.fmap_wait(timeout=5)
+            assert hits() == h0 and pio.stats()["fmap_misses"] == m0
+            assert pio.fmap_info()["windows"] == 0 and pio.fmap_info()["mode"] == "off"
+            assert not pio.capabilities(tmp_path)["modes"]["zero_copy_file_mappings"]["available"]
+
+
+def test_not_for_host_memory_direct_files_or_faults(rt, dev, tmp_path):
+    path = tmp_path / "nohost.bin"
+    size = W
+    data = make_file(path, size, 13)
+    with fmap(fmap_mode="sync"):
+        with pio.open(path) as f:
+            host = np.full(size, POISON, np.uint8)
+            assert f.read(host) == size
+            np.testing.assert_array_equal(host, data)
+            assert pio.fmap_info()["windows"] == 0  # host memory is read in place
+        d = dev(size)
+        try:
+            with pio.open(path, direct=True) as f:
+                assert f.read(d.buf()) == size
+                assert pio.fmap_info()["windows"] == 0
+        except OSError:
+            pass  # no O_DIRECT on this file system
+        with pio.open(path) as f:
+            f._inject_fault(0, 100, 5)  # EIO: the fault must still be seen
+            with pytest.raises(OSError):
+                f.read(d.buf())
+            assert pio.fmap_info()["windows"] == 0
+
+
+def test_unregistrable_window_is_not_retried(rt, dev, tmp_path):
+    path = tmp_path / "unreg.bin"
+    size = W
+    data = make_file(path, size, 14)
+    d = dev(size)
+    # the host vendor refuses flags above 0xF, with or without read-only
+    with fmap(fmap_mode="sync", fmap_register_flags=0x18), pio.open(path) as f:
+        for _ in range(3):
+            d.poison()
+            assert f.read(d.buf()) == size
+            check_extent(d.host(), data, 0, size)
+        info = pio.fmap_info()
+        assert info["unregistrable"] == 1 and info["windows"] == 0 and info["registrations"] == 0
+    # read-only accepted by the host vendor: 9 (portable | read-only) and 1 both work
+    for flags in (9, 1, 0):
+        pio.shutdown()
+        with fmap(fmap_mode="sync", fmap_register_flags=flags), pio.open(path) as f:
+            d.poison()
+            assert f.read(d.buf()) == size
+            assert pio.fmap_info()["windows"] == 1
+            check_extent(d.host(), data, 0, size)
+
+
+def test_no_leaks_after_fmap_clear(rt, dev, tmp_path):
+    path = tmp_path / "leak.bin"
+    size = 3 * W + 1
+    data = make_file(path, size, 15)
+    d = dev(size)
+    base_threads = pio.stats()["threads"]
+    with fmap(fmap_mode="auto"), pio.open(path) as f:
+        f.read(d.buf())
+        assert pio.fmap_wait(timeout=30)
+        st = pio.stats()
+        assert st["fmap_windows"] == 4 and st["fmap_bytes"] == 3 * W + 4096
+        assert pio.fmap_clear() == 4
+        st = pio.stats()
+        assert st["fmap_windows"] == 0 and st["fmap_bytes"] == 0
+        assert pio.fmap_info()["windows"] == 0 and pio.fmap_info()["in_use"] == 0
+        d.poison()
+        assert f.read(d.buf()) == size  # a miss again, re-queued
+        check_extent(d.host(), data, 0, size)
+        assert pio.fmap_wait(timeout=30)
+        assert pio.stats()["fmap_windows"] == 4
+    pio.shutdown()  # context destroy releases everything and stops the registrar
+    st = pio.stats()
+    assert st["fmap_windows"] == 0 and st["fmap_bytes"] == 0 and st["threads"] == base_threads
+    assert st["contexts"] == 0
+
+
+def test_concurrent_readers_of_one_window(rt, dev, tmp_path):
+    path = tmp_path / "concurrent.bin"
+    size = 2 * W + 333
+    data = make_file(path, size, 16)
+    errors: list = []
+    stop = threading.Event()
+
+    def reader(tid):
+        rng = np.random.default_rng(100 + tid)
+        d = Dev(rt, size + 4096)
+        try:
+            for _ in range(40):
+                n = int(rng.integers(1, size))
+                off = int(rng.integers(0, size - n + 1))
+                boff = int(rng.integers(0, 4096))
+                d.poison()
+                assert f.read(d.buf(), n, off, boff) == n
+                check_extent(d.host(), data[off:], boff, n)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            d.free()
+
+    def clearer():
+        while not stop.is_set():
+            pio.fmap_clear()  # windows dropped while readers copy from them
+            stop.wait(0.002)
+
+    for mode in ("sync", "auto"):
+        pio.shutdown()
+        with fmap(fmap_mode=mode), pio.open(path) as f:
+            ts = [threading.Thread(target=reader, args=(t,)) for t in range(8)]
+            c = threading.Thread(target=clearer)
+            for t in ts:
+                t.start()
+            c.start()
+            for t in ts:
+                t.join()
+            stop.set()
+            c.join()
+            stop.clear()
+            assert not errors, errors[0]
+            assert pio.fmap_wait(timeout=30)
+            assert pio.fmap_info()["in_use"] == 0
+            assert pio.stats()["requests"] == 0
+        assert pio.stats()["fmap_hits"] > 0
+    pio.shutdown()
+    assert pio.stats()["fmap_windows"] == 0 and pio.stats()["fmap_bytes"] == 0
+
+
+def test_settings_and_capabilities(rt, tmp_path):
+    with ps.override(fmap_mode="sync", fmap_window="4M", fmap_cache="1G", fmap_register_flags="0x9"):
+        s = ps.get()
+        assert (s.fmap_mode, s.fmap_window, s.fmap_cache, s.fmap_register_flags) == ("sync", 4 << 20, 1 << 30, 9)
+        caps = pio.capabilities(tmp_path)["modes"]["zero_copy_file_mappings"]
+        assert caps["available"] and caps["state"]["window"] == 4 << 20 and caps["state"]["mode"] == "sync"
+    for bad in ({"fmap_window": "3M"}, {"fmap_mode": "maybe"}, {"fmap_cache": -1}):
+        with pytest.raises(ValueError):
+            ps.override(**bad).__enter__()
+    assert {r["name"] for r in ps.describe()} >= {"fmap_cache", "fmap_mode", "fmap_window", "fmap_register_flags"}
