@@ -29,22 +29,22 @@ if has info; then
 fi
 
 if has conformance; then
-    timeout ${PHX_CONF_TIMEOUT:-200} phx-port test nvidia --report-dir "$OUT" > "$OUT/conformance.log" 2>&1; echo "conformance rc=$?"
+    timeout ${PHX_CONF_TIMEOUT:-150} phx-port test nvidia --report-dir "$OUT" > "$OUT/conformance.log" 2>&1; echo "conformance rc=$?"
     tail -25 "$OUT/conformance.log"
 fi
 
 if has bench; then
     DISK=${PHX_BENCH_DIR:-/root}
     SIZE=${PHX_BENCH_SIZE:-8G}
-    timeout ${PHX_COLD_TIMEOUT:-240} phx bench --file "$DISK/phx-bench.bin" --size "$SIZE" --threads ${PHX_BENCH_THREADS:-16} --chunk 16M \
+    timeout ${PHX_COLD_TIMEOUT:-200} phx bench --file "$DISK/phx-bench.bin" --size "$SIZE" --threads ${PHX_BENCH_THREADS:-16} --chunk 16M \
         --ops read,write,randread --temperature cold --reps ${PHX_BENCH_REPS:-2} --quiet \
         --json "$OUT/bench-disk.json" --plot "$OUT/bench-disk.png"
-    timeout ${PHX_WARM_TIMEOUT:-120} phx bench --file /dev/shm/phx-bench.bin --size "$SIZE" --threads ${PHX_BENCH_WARM_THREADS:-16} --chunk 16M \
+    timeout ${PHX_WARM_TIMEOUT:-100} phx bench --file /dev/shm/phx-bench.bin --size "$SIZE" --threads ${PHX_BENCH_WARM_THREADS:-16} --chunk 16M \
         --ops read --temperature warm --reps 3 --quiet --json "$OUT/bench-warm.json" --plot "$OUT/bench-warm.png"
     rm -f /dev/shm/phx-bench.bin
 fi
 
 if has loader; then
-    timeout ${PHX_LOADER_TIMEOUT:-150} python3 -m phoenix.phxloader bench /root/phx-model.safetensors --device cuda \
+    timeout ${PHX_LOADER_TIMEOUT:-90} python3 -m phoenix.phxloader bench /root/phx-model.safetensors --device cuda \
         --make ${PHX_LOADER_SIZE:-4G} --reps 2 --json "$OUT/loader.json" 2>&1 | tail -15
 fi
