@@ -15,6 +15,7 @@ import errno
 import os
 import shutil
 import subprocess
+import tempfile
 
 import numpy as np
 import pytest
@@ -331,11 +332,14 @@ def test_found_the_way_lmcache_looks_with_ld_library_path():
     code = ("import ctypes, ctypes.util; p = ctypes.util.find_library('phxfile') or 'libphxfile.so'; "
             "lib = ctypes.CDLL(p); print(p, hasattr(lib, 'phxFileReadAsync'))")
     env = dict(os.environ, LD_LIBRARY_PATH=phxfile.library_dir())
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    # a neutral working directory: `-c` puts it first on sys.path, and a checkout's phoenix/
+    # source tree would shadow the installed package
+    cwd = tempfile.gettempdir()
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=cwd).stdout
     assert out.split()[-1] == "True", out
     env["LD_LIBRARY_PATH"] = ""
     out = subprocess.run([sys.executable, "-c", "from phoenix import phxfile; print(phxfile.env_hint())"], env=env,
-                         capture_output=True, text=True, check=True).stdout
+                         capture_output=True, text=True, check=True, cwd=cwd).stdout
     assert f"export LD_LIBRARY_PATH={phxfile.library_dir()}" in out
 
 
