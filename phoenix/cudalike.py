@@ -45,6 +45,11 @@ class PointerAttributes(ctypes.Structure):
 MEM_UNREGISTERED, MEM_HOST, MEM_DEVICE, MEM_MANAGED = 0, 1, 2, 3
 #: ``cudaErrorInvalidValue``
 INVALID_VALUE = 1
+#: ``cudaErrorInvalidMemcpyDirection``
+INVALID_MEMCPY_DIRECTION = 21
+#: (source is device memory, destination is device memory) of each copy kind
+_DEVICE_SIDES = {CopyKind.HOST_TO_HOST: (False, False), CopyKind.HOST_TO_DEVICE: (False, True),
+                 CopyKind.DEVICE_TO_HOST: (True, False), CopyKind.DEVICE_TO_DEVICE: (True, True)}
 #: ``cudaErrorInvalidResourceHandle``
 INVALID_RESOURCE_HANDLE = 400
 
@@ -200,10 +205,26 @@ class CudaLikeRuntime(VendorRuntime):
 
     # -- copies ------------------------------------------------------------------
 
+    def _check_copy(self, call: str, dst: int, src: int, size: int, kind: CopyKind) -> None:
+        """Refuse a copy whose pointers are not of its kind's memory types, or whose device
+        extent runs past its allocation: with unified addressing CUDA infers the direction
+        and copies anyway (a freed or host pointer named as device memory included)."""
+        if size <= 0 or self.is_test_double:  # the test-double runtimes check this themselves, strictly
+            return
+        for ptr, want_device in zip((src, dst), _DEVICE_SIDES[CopyKind(kind)], strict=True):
+            info = self.pointer_info(ptr)
+            is_device = info.type is MemoryType.DEVICE
+            if is_device != want_device:
+                self.rt.raise_for(f"{self.prefix}{call}", INVALID_MEMCPY_DIRECTION)
+            if is_device and info.size and ptr + size > info.base + info.size:
+                self.rt.raise_for(f"{self.prefix}{call}", INVALID_VALUE)
+
     def memcpy(self, dst: int, src: int, size: int, kind: CopyKind) -> None:
+        self._check_copy("Memcpy", dst, src, size, kind)
         self.rt.memcpy(ctypes.c_void_p(dst), ctypes.c_void_p(src), ctypes.c_size_t(size), self.copy_kinds[CopyKind(kind)])
 
     def memcpy_async(self, dst: int, src: int, size: int, kind: CopyKind, stream: int) -> None:
+        self._check_copy("MemcpyAsync", dst, src, size, kind)
         self.rt.memcpy_async(ctypes.c_void_p(dst), ctypes.c_void_p(src), ctypes.c_size_t(size),
                              self.copy_kinds[CopyKind(kind)], self._live_stream("MemcpyAsync", stream))
 
