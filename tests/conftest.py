@@ -6,3 +6,19 @@ Tests that need a GPU or a kernel module skip with the reason where those are ab
 import os
 
 os.environ.setdefault("PHX_VENDOR", "host")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def rt():
+    """The host vendor's runtime, installed as the I/O stack's runtime for one test module."""
+    import phoenix.io as pio
+    from phoenix.registry import get_runtime
+
+    runtime = get_runtime("host")
+    pio.use_runtime(runtime)
+    yield runtime
+    pio.shutdown()
+    pio.use_runtime(None)

@@ -13,19 +13,9 @@ import phoenix.buffers as pb
 import phoenix.io as pio
 import phoenix.settings as ps
 from phoenix.errors import PhxIOError, RegistrationError
-from phoenix.registry import get_runtime
 from phoenix.vendor import CopyKind
 
 POISON = 0x5A
-
-
-@pytest.fixture(scope="module")
-def rt():
-    runtime = get_runtime("host")
-    pio.use_runtime(runtime)
-    yield runtime
-    pio.shutdown()
-    pio.use_runtime(None)
 
 
 # ---- adaptation ----------------------------------------------------------------------------

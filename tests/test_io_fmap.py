@@ -17,21 +17,11 @@ import pytest
 
 import phoenix.io as pio
 import phoenix.settings as ps
-from phoenix.registry import get_runtime
 from phoenix.vendor import CopyKind
 
 POISON = 0xA5
 W = 2 << 20
 ENGINES = ["io_uring", "threads"]
-
-
-@pytest.fixture(scope="module")
-def rt():
-    runtime = get_runtime("host")
-    pio.use_runtime(runtime)
-    yield runtime
-    pio.shutdown()
-    pio.use_runtime(None)
 
 
 @pytest.fixture(autouse=True)

@@ -19,19 +19,9 @@ import phoenix.io as pio
 import phoenix.settings as ps
 from phoenix._core import core_path
 from phoenix.errors import PhxIOError
-from phoenix.registry import get_runtime
 from phoenix.vendor import CopyKind
 
 POISON = 0x3C
-
-
-@pytest.fixture(scope="module")
-def rt():
-    runtime = get_runtime("host")
-    pio.use_runtime(runtime)
-    yield runtime
-    pio.shutdown()
-    pio.use_runtime(None)
 
 
 @pytest.fixture(params=["io_uring", "threads"])

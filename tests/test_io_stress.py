@@ -16,21 +16,11 @@ import pytest
 
 import phoenix.io as pio
 import phoenix.settings as ps
-from phoenix.registry import get_runtime
 from phoenix.vendor import CopyKind
 
 THREADS, OPS, REGION = 8, 200, (1 << 20) + 1000  # regions share pages at their borders
 LIVE = ("contexts", "threads", "files", "requests", "stream_ops", "registrations", "worker_streams",
         "bounce_bytes", "bounce_in_use")
-
-
-@pytest.fixture(scope="module")
-def rt():
-    runtime = get_runtime("host")
-    pio.use_runtime(runtime)
-    yield runtime
-    pio.shutdown()
-    pio.use_runtime(None)
 
 
 def worker(rt, f, tid: int, errors: list, stream: int):
