@@ -457,6 +457,10 @@ def add_parser(sub) -> None:
     p.add_argument("--plot", metavar="FILE", help="write a PNG of throughput against concurrency")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=lambda a: main(a))
+    # optional sub-benchmarks: `phx bench ...` alone is the throughput bench above
+    from . import kvtrace
+
+    kvtrace.add_parser(p.add_subparsers(dest="bench_cmd", metavar="{kv-trace}"))
 
 
 def main(args) -> int:
