@@ -1,0 +1,176 @@
+"""``phx bench kv-trace``: the trace (statistics, determinism, file round trip) and a small
+replay on the host vendor (a test double) whose accounting must hold: every loaded byte
+verified, hit + load + recompute counts adding up, corrupt slabs and lost loads caught."""
+
+import argparse
+import json
+import os
+
+import pytest
+
+from phoenix import kvtrace
+
+
+def _args(tmp_path, *extra):
+    parser = argparse.ArgumentParser()
+    kvtrace.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["kv-trace", "--dry-run", "--slab", str(tmp_path / "kv.slab"), *extra])
+    kvtrace.apply_dry_run(args)
+    args.duration = 0.8
+    return args
+
+
+# ---- trace ----------------------------------------------------------------------------------------
+
+
+def test_generator_is_seeded_and_deterministic():
+    a, b, c = kvtrace.generate(16, seed=3), kvtrace.generate(16, seed=3), kvtrace.generate(16, seed=4)
+    assert a.sessions == b.sessions
+    assert a.sessions != c.sessions
+
+
+def test_generator_statistics_match_the_published_ones():
+    st = kvtrace.trace_stats(kvtrace.generate(200, seed=0))
+    assert 60_000 <= st["context_at_round_30_median"] <= 110_000  # ~80K at round 30
+    assert st["sessions_beyond_180k"] >= 1  # some beyond 180K
+    assert 200 <= st["added_tokens_p10"] and st["added_tokens_p90"] <= 8_000  # hundreds to a few thousand a round
+    assert 1.0 <= st["think_s_median"] <= 6.0  # a few seconds between rounds
+    assert 100 <= st["input_output_ratio"] <= 170  # ~131:1
+    assert 0.92 <= st["prefix_hit_rate"] <= 0.965  # ~94 %
+
+
+def test_every_round_is_consistent():
+    for s in kvtrace.generate(32, seed=1).sessions:
+        carried = 0
+        for rd in s.rounds:
+            assert 0 <= rd.prefix_tokens <= carried and rd.prefix_tokens <= rd.input_tokens
+            assert rd.new_tokens > 0 and rd.output_tokens > 0
+            carried = rd.input_tokens + rd.output_tokens
+
+
+def test_reader_round_trips_the_writer(tmp_path):
+    trace = kvtrace.generate(8, seed=2)
+    path = tmp_path / "t.jsonl"
+    kvtrace.write_trace(trace, str(path))
+    back = kvtrace.read_trace(str(path))
+    assert back.sessions == trace.sessions
+    assert back.params["seed"] == 2
+    header = json.loads(path.read_text().splitlines()[0])
+    assert header["format"] == kvtrace.FORMAT and header["version"] == kvtrace.VERSION
+
+
+def test_reader_takes_a_json_document_and_defaults_the_prefix(tmp_path):
+    path = tmp_path / "t.json"
+    rounds = [{"session": "a", "round": 0, "input_tokens": 1000, "output_tokens": 10},
+              {"session": "a", "round": 1, "input_tokens": 1500, "output_tokens": 5, "think_s": 2.5}]
+    path.write_text(json.dumps({"format": kvtrace.FORMAT, "rounds": rounds}))
+    t = kvtrace.read_trace(str(path))
+    assert [(r.prefix_tokens, r.new_tokens) for r in t.sessions[0].rounds] == [(0, 1000), (1010, 490)]
+
+
+def test_reader_rejects_a_prefix_longer_than_the_context(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"session": 1, "round": 0, "input_tokens": 100, "prefix_tokens": 0, "output_tokens": 1}\n'
+                    '{"session": 1, "round": 1, "input_tokens": 300, "prefix_tokens": 200, "output_tokens": 1}\n')
+    with pytest.raises(ValueError, match="prefix_tokens=200"):
+        kvtrace.read_trace(str(path))
+
+
+# ---- replay on the host vendor -------------------------------------------------------------------
+
+
+def _check_accounting(rec):
+    c = rec["counts"]
+    assert c["hbm_hits"] + c["dram_loads"] + c["ssd_loads"] + c["recomputes"] == c["blocks_needed"]
+    assert c["bytes_verified"] == c["bytes_loaded_dram"] + c["bytes_loaded_ssd"]
+    assert c["bytes_loaded_dram"] == c["dram_loads"] * rec["meta"]["block_bytes"]
+    assert c["bytes_loaded_ssd"] == c["ssd_loads"] * rec["meta"]["block_bytes"]
+    assert c["verify_failures"] == 0 and rec["verified"]
+    assert rec["rounds"] == c["rounds"] > 0
+
+
+def test_small_replay_accounting(rt, tmp_path):
+    args = _args(tmp_path)
+    records = kvtrace.run(args, log=lambda *a: None)
+    assert [(r["config"], r["concurrency"]) for r in records] == [(c, n) for n in (1, 4) for c in kvtrace.CONFIGS]
+    for rec in records:
+        _check_accounting(rec)
+        assert rec["vendor"] == "host" and rec["test_double"] is True
+        assert rec["meta"]["compute"] == "numpy-cpu"
+        assert rec["ttft_p50_s"] <= rec["ttft_p99_s"] and rec["qps"] > 0
+    busy = {r["config"]: r["counts"] for r in records if r["concurrency"] == 4}
+    # capacities are small enough that the tiers matter: DRAM-only recomputes, the others load from SSD
+    assert busy["dram"]["recomputes"] > 0 and busy["dram"]["ssd_loads"] == 0
+    for cfg in ("staged", "phoenix"):
+        assert busy[cfg]["ssd_loads"] > 0 and busy[cfg]["bytes_verified"] > 0
+    assert not os.path.exists(args.slab) and not os.path.exists(args.slab + ".history")
+    table = kvtrace.table(records)
+    assert "most concurrent sessions" in table
+
+
+def test_a_corrupt_slab_byte_is_caught(rt, tmp_path):
+    args = _args(tmp_path, "--configs", "phoenix", "--concurrency", "4")
+    rp = kvtrace.Replayer(args, kvtrace.generate(args.sessions, args.seed), log=lambda *a: None)
+    try:
+        rp.prepare()
+        assert rp.history, "the initial sessions need history on the slab"
+
+        def corrupt(config, replayer):  # one byte of every history block
+            with open(replayer.slab.hist_path, "r+b") as fh:
+                for slot in range(len(replayer.history)):
+                    fh.seek(slot * replayer.bb + 123)
+                    b = fh.read(1)
+                    fh.seek(slot * replayer.bb + 123)
+                    fh.write(bytes([b[0] ^ 0xFF]))
+
+        rp.poison_hook = corrupt
+        rec = rp.run_point("phoenix", 4)
+    finally:
+        rp.close()
+    assert rec["counts"]["ssd_loads"] > 0
+    assert rec["counts"]["verify_failures"] > 0 and not rec["verified"]
+    assert "does not hold its pattern" in rec["failures"][0]
+
+
+class _LosesCopies:
+    """The host runtime, except that stream-ordered host->device copies never land."""
+
+    def __init__(self, rt):
+        self._rt = rt
+
+    def __getattr__(self, name):
+        return getattr(self._rt, name)
+
+    def memcpy_async(self, dst, src, size, kind, stream):
+        return None
+
+
+def test_a_load_that_does_not_land_is_caught(rt, tmp_path):
+    args = _args(tmp_path, "--configs", "dram", "--concurrency", "4")
+    rp = kvtrace.Replayer(args, kvtrace.generate(args.sessions, args.seed), rt=_LosesCopies(rt), log=lambda *a: None)
+    try:
+        rp.prepare()
+        rec = rp.run_point("dram", 4)
+    finally:
+        rp.close()
+    assert rec["counts"]["dram_loads"] > 0
+    assert rec["counts"]["verify_failures"] == rec["counts"]["dram_loads"]  # poisoned destinations stay poisoned
+
+
+def test_cli_gen_and_bench_still_parse(tmp_path):
+    from phoenix.cli.phx import main
+
+    out = tmp_path / "trace.jsonl"
+    assert main(["bench", "kv-trace", "gen", "--sessions", "4", "--seed", "7", "--out", str(out)]) == 0
+    assert kvtrace.read_trace(str(out)).sessions == kvtrace.generate(4, 7).sessions
+
+
+def test_bench_without_a_subcommand_is_the_throughput_bench():
+    from phoenix import bench
+
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers(dest="cmd"))
+    a = parser.parse_args(["bench", "--size", "1M", "--threads", "1,2"])
+    assert a.threads == [1, 2] and a.bench_cmd is None and a.func.__name__ == "<lambda>"
+    k = parser.parse_args(["bench", "kv-trace", "--concurrency", "1,2"])
+    assert k.func is kvtrace.main and k.concurrency == [1, 2]
