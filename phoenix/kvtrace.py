@@ -299,6 +299,10 @@ class VerificationError(AssertionError):
     pass
 
 
+class TooLarge(Exception):
+    """A round whose context no longer fits the HBM tier: its session ends there."""
+
+
 # ---- compute backends (the data side of the replay, per vendor) -----------------------------------
 
 
@@ -743,13 +747,14 @@ class Slab:
         import numpy as np
 
         stage = np.empty(bufsz * self.bb, np.uint8)
+        base = np.arange(self.bb // 8, dtype=np.uint64)
         with phoenix.open(self.hist_path, "w") as f:
             items = sorted(history.items(), key=lambda kv: kv[1])
             futs = []
             for i in range(0, len(items), bufsz):
                 batch = items[i:i + bufsz]
                 for j, (key, _slot) in enumerate(batch):
-                    stage[j * self.bb:(j + 1) * self.bb] = host_pattern(self.bb, keys[key])
+                    np.bitwise_xor(base, np.uint64(keys[key]), out=stage[j * self.bb:(j + 1) * self.bb].view(np.uint64))
                 futs = [f.pwrite(stage, self.bb, slot * self.bb, j * self.bb) for j, (_key, slot) in enumerate(batch)]
                 for fu in futs:
                     fu.result()
@@ -835,10 +840,11 @@ class Replayer:
         self.cmax = max(args.concurrency)
         if len(self.trace.sessions) < self.cmax:
             raise ValueError(f"the trace has {len(self.trace.sessions)} sessions, fewer than --concurrency {self.cmax}")
-        need_max = max((r.input_tokens + r.output_tokens) // B + 1 for s in self.trace.sessions for r in s.rounds)
-        if need_max > args.hbm // self.bb:
-            raise ValueError(f"one round needs up to {need_max} blocks of {self.bb >> 10} KiB in HBM but --hbm holds "
-                             f"{args.hbm // self.bb}: raise --hbm or --block-tokens, or lower --token-scale")
+        first_need = max((self.trace.sessions[i].rounds[0].input_tokens + self.trace.sessions[i].rounds[0].output_tokens)
+                         // B + 1 for i in range(self.cmax))
+        if first_need > args.hbm // self.bb:
+            raise ValueError(f"a first round needs {first_need} blocks of {self.bb >> 10} KiB in HBM but --hbm holds "
+                             f"{args.hbm // self.bb}: raise --hbm, or lower --token-scale")
         if rt is None:
             if os.environ.get("PHX_VENDOR", "auto") in ("nvidia", "auto") and args.compute in ("auto", "torch"):
                 try:  # torch first: the nvidia port then shares torch's libcudart
@@ -919,6 +925,7 @@ class Replayer:
         self.errors: list[str] = []
         self.failures: list[str] = []
         self.abort = False
+        self.truncated = 0
         lock = threading.Lock()
         next_session = [self.cmax]  # sessions below cmax are the initial ones (history on the slab)
 
@@ -944,7 +951,12 @@ class Replayer:
                         if time.perf_counter() + think >= deadline or self.abort:
                             return
                         time.sleep(think)
-                        ttft, counts = self.round(config, slot, st, stream, copy_stream)
+                        try:
+                            ttft, counts = self.round(config, slot, st, stream, copy_stream)
+                        except TooLarge:
+                            with lock:
+                                self.truncated += 1
+                            break
                         with lock:
                             self.ttfts.append(ttft)
                             self.point_counts.add(counts)
@@ -1027,6 +1039,8 @@ class Replayer:
         need = rd.prefix_tokens // B
         produce_end = (rd.input_tokens + rd.output_tokens) // B
         keys = [st.key(b) for b in range(max(need, produce_end))]
+        if len(keys) > c.hbm.nslots:
+            raise TooLarge(f"session {st.index} round {r}: {len(keys)} blocks, more than the HBM tier's {c.hbm.nslots}")
         with c.cond:
             # where is each prefix block; wait (holding nothing) until HBM can take what must come in
             while True:
@@ -1227,7 +1241,7 @@ class Replayer:
             "ttft_mean_s": sum(t) / len(t) if t else None, "ttft_p50_s": _pct(t, 0.50), "ttft_p99_s": _pct(t, 0.99),
             "ttft_max_s": t[-1] if t else None, "threshold_s": self.args.threshold,
             "under_threshold": bool(t) and _pct(t, 0.99) < self.args.threshold,
-            "counts": asdict(n), "verified": n.verify_failures == 0, "failures": self.failures[:10],
+            "sessions_ended_hbm_full": self.truncated, "counts": asdict(n), "verified": n.verify_failures == 0, "failures": self.failures[:10],
         }
         return rec
 
@@ -1372,7 +1386,7 @@ def add_parser(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="tiny geometry, trace and capacities: the same code path in seconds")
     p.add_argument("--json", metavar="FILE", help="write the records as a JSON list")
     p.add_argument("--plot", metavar="FILE", help="write a PNG of p99 TTFT and QPS against concurrency")
-    p.set_defaults(func=main, kv_cmd=None)
+    p.set_defaults(func=main, kv_cmd=None, _kv_parser=p)
     ksub = p.add_subparsers(dest="kv_cmd", metavar="{gen}")
     gp = ksub.add_parser("gen", help="write a generated trace (JSON lines) and print its statistics")
     _trace_args(gp)
@@ -1381,8 +1395,11 @@ def add_parser(sub) -> None:
 
 
 def apply_dry_run(args) -> None:
+    """The --dry-run sizes, for every option left at its default."""
+    parser = getattr(args, "_kv_parser", None)
     for k, v in DRY_RUN.items():
-        setattr(args, k, v)
+        if parser is None or getattr(args, k) == parser.get_default(k):
+            setattr(args, k, v)
 
 
 def main_gen(args) -> int:
@@ -1393,31 +1410,8 @@ def main_gen(args) -> int:
     return 0
 
 
-def run(args, log=print) -> list[dict]:
-    if args.dry_run:
-        apply_dry_run(args)
-    trace = read_trace(args.trace) if args.trace else generate(args.sessions, args.seed)
-    stats = trace_stats(trace)
-    rp = Replayer(args, trace, log=log)
-    records = []
-    try:
-        log(f"kv-trace: vendor {rp.rt.name}{' (TEST DOUBLE: device memory is host memory)' if rp.rt.is_test_double else ''}, "
-            f"compute {rp.backend.label}; {rp.geo.bytes_per_token >> 10} KiB/token, block {rp.bb >> 10} KiB "
-            f"({args.block_tokens} tokens); HBM {rp.cache.hbm.nslots} blocks, DRAM {rp.cache.dram.nslots}, "
-            f"SSD {rp.cache.ssd.nslots} + {len(rp.history)} history")
-        log(f"simulated: trace ({'file ' + args.trace if args.trace else f'generated, seed {args.seed}'}), think times x "
-            f"{args.time_scale:g}, token counts x {args.token_scale:g}, {args.duration:g} s per point; decode not run")
-        rp.prepare()
-        for conc in args.concurrency:
-            for cfg in args.configs:
-                rec = rp.run_point(cfg, conc)
-                records.append(rec)
-                log(f"  {cfg:<8} conc {conc:>3}: {rec['rounds']} rounds, p99 TTFT "
-                    f"{rec['ttft_p99_s'] if rec['ttft_p99_s'] is None else round(rec['ttft_p99_s'], 3)} s, "
-                    f"QPS {rec['qps']:.2f}{'' if rec['verified'] else ', VERIFICATION FAILED'}")
-    finally:
-        rp.close()
-    meta = {
+def _meta(args, rp, stats) -> dict:
+    return {
         "host": socket.gethostname(), "platform": platform.platform(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "label": args.label, "compute": rp.backend.name, "compute_label": rp.backend.label, "verify": args.verify,
         "verify_where": rp.backend.verify_where if args.verify else "off", "hbm_alloc": rp.cache.hbm_alloc,
@@ -1431,14 +1425,50 @@ def run(args, log=print) -> list[dict]:
         "(time scale), token counts (token scale), the model (no weights or tokens; one layer's matrices serve every "
         "layer), KV contents (verification patterns), decode (not run)",
     }
-    for r in records:
-        r["label"] = args.label
-        r["meta"] = meta
+
+
+def run(args, log=print, on_record=None) -> list[dict]:
+    """Every (concurrency, config) point; ``on_record(records)`` after each (partial results survive a kill)."""
+    if args.dry_run:
+        apply_dry_run(args)
+    trace = read_trace(args.trace) if args.trace else generate(args.sessions, args.seed)
+    stats = trace_stats(trace)
+    rp = Replayer(args, trace, log=log)
+    records: list[dict] = []
+    try:
+        log(f"kv-trace: vendor {rp.rt.name}{' (TEST DOUBLE: device memory is host memory)' if rp.rt.is_test_double else ''}, "
+            f"compute {rp.backend.label}; {rp.geo.bytes_per_token >> 10} KiB/token, block {rp.bb >> 10} KiB "
+            f"({args.block_tokens} tokens); HBM {rp.cache.hbm.nslots} blocks, DRAM {rp.cache.dram.nslots}, "
+            f"SSD {rp.cache.ssd.nslots} + {len(rp.history)} history")
+        log(f"simulated: trace ({'file ' + args.trace if args.trace else f'generated, seed {args.seed}'}), think times x "
+            f"{args.time_scale:g}, token counts x {args.token_scale:g}, {args.duration:g} s per point; decode not run")
+        rp.prepare()
+        meta = _meta(args, rp, stats)
+        for conc in args.concurrency:
+            for cfg in args.configs:
+                rec = rp.run_point(cfg, conc)
+                rec["label"] = args.label
+                rec["meta"] = meta
+                records.append(rec)
+                log(f"  {cfg:<8} conc {conc:>3}: {rec['rounds']} rounds, p99 TTFT "
+                    f"{rec['ttft_p99_s'] if rec['ttft_p99_s'] is None else round(rec['ttft_p99_s'], 3)} s, "
+                    f"QPS {rec['qps']:.2f}{'' if rec['verified'] else ', VERIFICATION FAILED'}")
+                if on_record:
+                    on_record(records)
+    finally:
+        rp.close()
     return records
 
 
+def _write_json(path: str, records: list[dict]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(records, fh, indent=1)
+    os.replace(tmp, path)
+
+
 def main(args) -> int:
-    records = run(args)
+    records = run(args, on_record=(lambda recs: _write_json(args.json, recs)) if args.json else None)
     print(table(records))
     if records and records[0]["test_double"]:
         print(f"\nvendor {records[0]['vendor']} is a test double: 'device memory' is host memory and the prefill is a CPU "
@@ -1446,8 +1476,7 @@ def main(args) -> int:
     m = records[0]["meta"] if records else {}
     print(f"simulated: think times x {m.get('time_scale')}, token counts x {m.get('token_scale')}; real: I/O, copies, compute of the shape.")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(records, fh, indent=1)
+        _write_json(args.json, records)
         print(f"records written to {args.json}")
     if args.plot:
         lab = f" [{args.label}]" if args.label else ""
