@@ -12,7 +12,8 @@
 # Model geometry: Llama-3-8B-like (32 layers, 8 KV heads, head dim 128, fp16: 128 KiB/token),
 # blocks of 256 tokens (32 MiB). Capacities are small on purpose so that the SSD tier matters:
 # HBM 6 GiB for KV, DRAM 4 GiB pinned: DRAM-only evicts and recomputes from ~8 sessions on.
-# Simulated: the trace (seeded), think times x0.1, token counts x0.25, 6 s of replay per point.
+# Simulated: the trace (seeded), think times x0.1, token counts x0.25, 5 s of replay per point (records are
+# written after every point, so a timeout keeps what finished).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/phx-out}; mkdir -p "$OUT"
@@ -22,7 +23,7 @@ has() { [[ " $STAGES " == *" $1 "* ]]; }
 PY=${PYTHON:-python3}
 
 CONC=${PHX_KV_CONC:-1,4,8,16}
-DUR=${PHX_KV_DURATION:-6}
+DUR=${PHX_KV_DURATION:-5}
 COMMON=(--layers 32 --kv-heads 8 --head-dim 128 --q-heads 32 --ffn 14336 --dtype fp16 --block-tokens 256
         --hbm "${PHX_KV_HBM:-6G}" --dram "${PHX_KV_DRAM:-4G}" --ssd "${PHX_KV_SSD:-24G}"
         --sessions 64 --seed 0 --token-scale "${PHX_KV_TOKEN_SCALE:-0.25}" --time-scale "${PHX_KV_TIME_SCALE:-0.1}"
@@ -39,7 +40,7 @@ fi
 
 if has disk; then
     t0=$(date +%s)
-    timeout ${PHX_KV_DISK_TIMEOUT:-130} $PY -m phoenix.cli.phx bench kv-trace "${COMMON[@]}" --slab /root/phx-kvtrace.slab \
+    timeout ${PHX_KV_DISK_TIMEOUT:-150} $PY -m phoenix.cli.phx bench kv-trace "${COMMON[@]}" --slab /root/phx-kvtrace.slab \
         --label "local disk (/root, ~2.4 GB/s)" --json "$OUT/kvtrace-disk.json" --plot "$OUT/kvtrace-disk.png" \
         > "$OUT/kvtrace-disk.log" 2>&1
     echo "disk rc=$? ($(( $(date +%s) - t0 )) s)"; tail -20 "$OUT/kvtrace-disk.log"
@@ -48,7 +49,7 @@ fi
 
 if has tmpfs; then
     t0=$(date +%s)
-    timeout ${PHX_KV_TMPFS_TIMEOUT:-110} $PY -m phoenix.cli.phx bench kv-trace "${COMMON[@]}" --slab /dev/shm/phx-kvtrace.slab \
+    timeout ${PHX_KV_TMPFS_TIMEOUT:-100} $PY -m phoenix.cli.phx bench kv-trace "${COMMON[@]}" --slab /dev/shm/phx-kvtrace.slab \
         --label "tmpfs (/dev/shm): stand-in for a fast NVMe array" --json "$OUT/kvtrace-tmpfs.json" \
         --plot "$OUT/kvtrace-tmpfs.png" > "$OUT/kvtrace-tmpfs.log" 2>&1
     echo "tmpfs rc=$? ($(( $(date +%s) - t0 )) s)"; tail -20 "$OUT/kvtrace-tmpfs.log"

@@ -310,7 +310,8 @@ class _DevArray:
     """A ``__cuda_array_interface__`` over raw device memory (for torch.as_tensor / cupy)."""
 
     def __init__(self, ptr: int, nbytes: int):
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 2}
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "strides": None,
+                                         "version": 2}
 
 
 class NumpyBackend:
