@@ -15,12 +15,15 @@
 # Simulated: the trace (seeded), think times x0.1, token counts x0.25, 5 s of replay per point (records are
 # written after every point, so a timeout keeps what finished).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/phx-out}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/phx-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+# run from $OUT, not the source tree: `python -m` puts the working directory first on sys.path,
+# and the source tree's phoenix/ has no built C core there; phoenix comes from PYTHONPATH
+cd "$OUT"
 STAGES=${*:-smoke disk tmpfs}
 export PYTHONUNBUFFERED=1 PHX_VENDOR=${PHX_VENDOR:-nvidia}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 PY=${PYTHON:-python3}
+$PY -c 'import phoenix, phoenix.kvtrace; print("phoenix from", phoenix.__file__)' || { echo "phoenix is not importable: set PYTHONPATH"; exit 2; }
 
 CONC=${PHX_KV_CONC:-1,4,8,16}
 DUR=${PHX_KV_DURATION:-5}
@@ -32,7 +35,7 @@ COMMON=(--layers 32 --kv-heads 8 --head-dim 128 --q-heads 32 --ffn 14336 --dtype
 if has smoke; then
     # the same code path with the tiny --dry-run sizes: fails in seconds if the nvidia path is broken
     t0=$(date +%s)
-    timeout 90 $PY -m phoenix.cli.phx bench kv-trace --dry-run --concurrency 1,2 --duration 0.5 \
+    timeout 90 $PY -m phoenix.cli.phx bench kv-trace --dry-run --concurrency 1,4 --duration 1 \
         --slab /root/phx-kv-smoke.slab --json "$OUT/kvtrace-smoke.json" > "$OUT/kvtrace-smoke.log" 2>&1
     rc=$?; echo "smoke rc=$rc ($(( $(date +%s) - t0 )) s)"; tail -12 "$OUT/kvtrace-smoke.log"
     if [ $rc -ne 0 ]; then echo "smoke failed: not running the full replay"; exit $rc; fi
