@@ -37,8 +37,11 @@ setting                  environment                   default    meaning
                                                                   then one DMA per read). LRU under this budget; the
                                                                   pages stay pinned in the page cache. 0: off.
 ``fmap_mode``            ``PHX_FMAP_MODE``             auto       ``auto``: a miss is read staged and its windows are
-                                                                  registered on a background thread (the next read
-                                                                  hits; :func:`phoenix.io.fmap_wait` waits for it).
+                                                                  registered on a background thread once no I/O of
+                                                                  the context is in flight (at most 2 s later), so
+                                                                  that page-locking never slows a read or holds the
+                                                                  runtime's lock under a busy stream; the next read
+                                                                  hits (:func:`phoenix.io.fmap_wait` waits for it).
                                                                   ``sync``: a miss registers in the submitting thread
                                                                   and is served from the mapping (tests, benchmarks).
                                                                   ``off``: never.

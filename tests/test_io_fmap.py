@@ -425,3 +425,49 @@ def test_settings_and_capabilities(rt, tmp_path):
         with pytest.raises(ValueError):
             ps.override(**bad).__enter__()
     assert {r["name"] for r in ps.describe()} >= {"fmap_cache", "fmap_mode", "fmap_window", "fmap_register_flags"}
+
+
+def test_registration_waits_until_the_context_is_idle(rt, dev, tmp_path):
+    """A miss queues its windows, but the registrar page-locks them only once no request or
+    stream op of the context is in flight (on CUDA, cudaHostRegister beside a first read
+    slows it, and can hold a driver lock that the application's calls then wait for): while
+    a gate holds a stream-ordered read, nothing is registered; after it, the window is."""
+    import ctypes
+    import time
+
+    path = tmp_path / "idle.bin"
+    size = W + 4096
+    data = make_file(path, size, seed=7)
+    d, e = dev(size), dev(size)
+    s = rt.stream_create(0)
+    gate = ctypes.c_int64(0)
+    hold = pio.TestHostFn(kind=2, src=ctypes.addressof(gate), seq=-1, result=-999)
+    seen = []
+    try:
+        with fmap(fmap_mode="auto"), pio.open(path) as f:
+            rt.launch_host_func(s, pio.TEST_HOSTFN, ctypes.addressof(hold))
+            try:
+                r = f.read_async(e.buf(), size, 0, 0, s)  # in flight behind the gate
+                assert f.read(d.buf(), size, 0, 0) == size  # a miss: its windows are queued
+                check_extent(d.host(), data, 0, size)
+                t0 = time.monotonic()
+                while time.monotonic() - t0 < 0.5:
+                    seen.append(pio.fmap_info()["windows"])
+                    time.sleep(0.02)
+                pending = pio.fmap_info()["pending"]
+            finally:
+                gate.value = 1  # before anything can raise: close() waits for the read
+                rt.stream_synchronize(s)
+            assert set(seen) == {0}, f"registered while a stream op was in flight: windows {seen}"
+            assert pending >= 1
+            assert r.result() == size
+            assert pio.fmap_wait(timeout=30)
+            assert pio.fmap_info()["windows"] == 2 and pio.fmap_info()["pending"] == 0
+            check_extent(e.host(), data, 0, size)
+            e.poison()
+            assert f.read(e.buf(), size, 0, 0) == size
+            check_extent(e.host(), data, 0, size)
+    finally:
+        gate.value = 1
+        rt.stream_synchronize(s)
+        rt.stream_destroy(s)

@@ -320,6 +320,32 @@ static void fwin_register(phx_ctx *ctx, struct io_fwin *w)
     release_list(ctx, evicted);
 }
 
+/* Before each registration or release the registrar waits, up to FMAP_IDLE_WAIT_NS, for the
+ * context to have no request or stream op in flight. Two reasons, both measured on CUDA:
+ * page-locking (cudaHostRegister/Unregister) competes with a first warm read for the memory
+ * bus and the page tables (the first read ran at a third of the staged rate beside it), and
+ * it can take a driver lock that other runtime calls of the application then wait for while
+ * a stream is busy. Registering "between rounds", when the context is idle, avoids both; the
+ * cap keeps a context that is never idle from never registering. */
+#define FMAP_IDLE_WAIT_NS (2000000000ll)
+
+static void wait_ctx_idle(phx_ctx *ctx)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += FMAP_IDLE_WAIT_NS / 1000000000ll;
+    dl.tv_nsec += FMAP_IDLE_WAIT_NS % 1000000000ll;
+    if (dl.tv_nsec >= 1000000000l) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000l;
+    }
+    pthread_mutex_lock(&ctx->mu);
+    while (ctx->inflight > 0 && !atomic_load(&ctx->stop))
+        if (pthread_cond_timedwait(&ctx->cv, &ctx->mu, &dl) == ETIMEDOUT)
+            break;
+    pthread_mutex_unlock(&ctx->mu);
+}
+
 static void *registrar_main(void *arg)
 {
     phx_ctx *ctx = arg;
@@ -333,6 +359,7 @@ static void *registrar_main(void *arg)
             struct io_fwin *list = m->release;
             m->release = NULL;
             pthread_mutex_unlock(&m->mu);
+            wait_ctx_idle(ctx);
             release_list(ctx, list);
             pthread_mutex_lock(&m->mu);
             continue;
@@ -351,6 +378,7 @@ static void *registrar_main(void *arg)
         w->qnext = NULL;
         m->busy = 1;
         pthread_mutex_unlock(&m->mu);
+        wait_ctx_idle(ctx);
         fwin_register(ctx, w);
         pthread_mutex_lock(&m->mu);
         m->busy = 0;
