@@ -15,8 +15,10 @@ setting                  environment                   default    meaning
 ``queue_depth``          ``PHX_QUEUE_DEPTH``           32         chunks in flight per worker (io_uring engine), and
                                                                   at most 64 MiB of them: up to threads x queue_depth
                                                                   small I/Os in the kernel at once.
-``bounce_pool_size``     ``PHX_BOUNCE_POOL_SIZE``      256M       most pinned host memory for bounce buffers (staged
-                                                                  path). Allocated on first use in segments, pinned
+``bounce_pool_size``     ``PHX_BOUNCE_POOL_SIZE``      auto       most pinned host memory for bounce buffers (staged
+                                                                  path). ``auto``: two chunks per worker (one in the
+                                                                  kernel, one in a device copy), at least 256M, at
+                                                                  most 2G. Allocated on first use in segments, pinned
                                                                   through the vendor, kept until
                                                                   :func:`phoenix.io.shutdown`. A staged chunk is at
                                                                   most half of it, so two always fit.
@@ -117,7 +119,7 @@ DEFAULTS = {
     "threads": _default_threads(),
     "chunk_size": 8 << 20,
     "queue_depth": 32,
-    "bounce_pool_size": 256 << 20,
+    "bounce_pool_size": 0,  # auto: sized by the context from threads and chunk size
     "mode": "auto",
     "engine": "auto",
     "fmap_cache": _default_fmap_cache(),
@@ -157,6 +159,8 @@ def _check(name: str, value, source: str):
         if text not in choices:
             raise ValueError(f"{source}: {name}={value!r} is not one of {', '.join(choices)}")
         return text
+    if name == "bounce_pool_size" and isinstance(value, str) and value.strip().lower() == "auto":
+        return 0
     try:
         if name == "fmap_register_flags" and isinstance(value, str):
             n = int(value.strip(), 0)  # 9, 0x9
@@ -170,8 +174,8 @@ def _check(name: str, value, source: str):
         raise ValueError(f"{source}: queue_depth={n} must be between 1 and 4096")
     if name == "chunk_size" and (n < 4096 or n % 4096 or n > 1 << 30):
         raise ValueError(f"{source}: chunk_size={n} must be a multiple of 4096 between 4K and 1G")
-    if name == "bounce_pool_size" and n < 1 << 20:
-        raise ValueError(f"{source}: bounce_pool_size={n} must be at least 1M")
+    if name == "bounce_pool_size" and n != 0 and n < 1 << 20:
+        raise ValueError(f"{source}: bounce_pool_size={n} must be auto (0) or at least 1M")
     if name == "fmap_cache" and n < 0:
         raise ValueError(f"{source}: fmap_cache={n} must be 0 (off) or a size")
     if name == "fmap_window" and (n < 2 << 20 or n % (2 << 20)):

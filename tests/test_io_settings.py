@@ -100,3 +100,19 @@ def test_capabilities_say_why(rt, tmp_path):
     assert caps["stream_ordered"]["available"]
     assert "available" in caps["page_cache_probe"] and caps["page_cache_probe"]["why"]
     assert set(caps["settings"]) == set(ps.DEFAULTS)
+
+
+def test_bounce_pool_auto(monkeypatch):
+    """The bounce pool defaults to auto (0: sized by the context from threads and chunk
+    size); 'auto' is accepted from the environment and in overrides; tiny sizes are refused."""
+    monkeypatch.delenv("PHX_BOUNCE_POOL_SIZE", raising=False)
+    assert ps.get().bounce_pool_size == 0
+    monkeypatch.setenv("PHX_BOUNCE_POOL_SIZE", "Auto")
+    assert ps.get().bounce_pool_size == 0
+    monkeypatch.setenv("PHX_BOUNCE_POOL_SIZE", "512M")
+    assert ps.get().bounce_pool_size == 512 << 20
+    with ps.override(bounce_pool_size="auto"):
+        assert ps.get().bounce_pool_size == 0
+    with pytest.raises(ValueError, match="bounce_pool_size"):
+        with ps.override(bounce_pool_size=4096):
+            pass

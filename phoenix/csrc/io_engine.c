@@ -966,6 +966,14 @@ static int ctx_create_engine(const struct phx_io_config *cfg, const struct phx_d
     }
     ctx->chunk = cfg->chunk_size;
     fmap_init(ctx);
+    /* bounce pool 0 = auto: two slots per worker (one being read, one being copied to the
+     * device), so that no worker waits for a slot at the configured concurrency */
+    if (ctx->cfg.bounce_pool_size == 0) {
+        uint64_t want = 2ull * cfg->threads * (cfg->chunk_size + 2 * IO_MAX_ALIGN);
+        want = want < (256ull << 20) ? (256ull << 20) : want > (2ull << 30) ? (2ull << 30) : want;
+        ctx->cfg.bounce_pool_size = align_up(want, IO_POOL_UNIT);
+    }
+    cfg = &ctx->cfg;
     /* staged chunks: at least two slots fit in the pool, so the pipeline can overlap */
     uint64_t half = align_down(cfg->bounce_pool_size / 2, IO_POOL_UNIT);
     if (half > 2 * IO_MAX_ALIGN)
