@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
 # Everything the NVIDIA issue needs from the H200 machine, in one call:
-#   benchmarks/h200.sh [stages...]   stages: setup info conformance bench loader  (default: all)
+#   benchmarks/h200.sh [stages...]   stages: setup info conformance bench loader lmcache kvtrace  (default: all)
 # Builds phoenix there (no network: no build isolation, wheels carried in .whl/),
 # runs the conformance suite for `nvidia`, then `phx bench` on the local disk and on
 # tmpfs. Everything worth keeping is written under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/phx-out}; mkdir -p "$OUT"
-STAGES=${*:-setup info conformance bench loader}
+STAGES=${*:-setup info conformance bench loader lmcache kvtrace}
 export PYTHONUNBUFFERED=1 PHX_VENDOR=nvidia
 SITE=/tmp/phx-site
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 
-if has setup; then
+# setup is skipped when this exact tree is already installed (calls to a warm machine)
+STAMP=$(find phoenix vendors templates setup.py pyproject.toml .whl -type f 2>/dev/null | sort | xargs md5sum | md5sum | cut -c1-16)
+if has setup && [ "$(cat $SITE/.phx-stamp 2>/dev/null)" = "$STAMP" ]; then
+    echo "setup: already installed ($STAMP)"
+elif has setup; then
     t0=$(date +%s)
     if ls .whl/*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
     fi
     python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target "$SITE" . 2>&1 | tail -5 || exit 1
+    echo "$STAMP" > "$SITE/.phx-stamp"
     echo "setup: $(( $(date +%s) - t0 )) s"
 fi
 export PYTHONPATH=$SITE:/tmp/site PATH=$SITE/bin:$PATH
@@ -25,6 +30,8 @@ export PYTHONPATH=$SITE:/tmp/site PATH=$SITE/bin:$PATH
 if has info; then
     nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv
     df -h / /dev/shm | sed 1d; nproc; uname -r
+    for q in /sys/block/*/queue; do [ -e "$q/max_sectors_kb" ] && echo "$q: max_sectors_kb=$(cat $q/max_sectors_kb) max_segments=$(cat $q/max_segments) nr_requests=$(cat $q/nr_requests)"; done
+    cat /sys/kernel/mm/transparent_hugepage/enabled
     phx info | tee "$OUT/phx-info.txt"
 fi
 
@@ -45,6 +52,17 @@ if has bench; then
 fi
 
 if has loader; then
-    timeout ${PHX_LOADER_TIMEOUT:-90} python3 -m phoenix.phxloader bench /root/phx-model.safetensors --device cuda \
+    timeout ${PHX_LOADER_TIMEOUT:-90} python3 -P -m phoenix.phxloader bench /root/phx-model.safetensors --device cuda \
         --make ${PHX_LOADER_SIZE:-4G} --reps 2 --json "$OUT/loader.json" 2>&1 | tail -15
+fi
+
+if has lmcache; then
+    # LMCache 0.5.6's own `phx` GDS backend against libphxfile (wheel carried in .whl/)
+    timeout ${PHX_LMCACHE_TIMEOUT:-240} python3 benchmarks/lmcache_phx.py --dir /root --size ${PHX_LMCACHE_SIZE:-4G} \
+        --chunk 256M --reps 2 --json "$OUT/lmcache-phx.json" > "$OUT/lmcache-phx.log" 2>&1
+    echo "lmcache rc=$?"; tail -30 "$OUT/lmcache-phx.log"
+fi
+
+if has kvtrace; then
+    OUT="$OUT" bash benchmarks/kvtrace_h200.sh ${PHX_KV_STAGES:-}
 fi

@@ -12,7 +12,7 @@ import functools
 import importlib.util
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def core_path() -> str:
     """Path of the compiled C core; raises ImportError with a hint if it was not built."""
     spec = importlib.util.find_spec("phoenix._phxcore")
@@ -24,7 +24,7 @@ def core_path() -> str:
     return spec.origin
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def core() -> ctypes.CDLL:
     """The C core as a ctypes library (loaded once per process)."""
     return ctypes.CDLL(core_path(), mode=ctypes.RTLD_GLOBAL)

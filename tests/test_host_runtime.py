@@ -21,11 +21,11 @@ import time
 
 import numpy as np
 import pytest
-from phoenix.vendors.host.runtime import Runtime
 
 from phoenix._core import core
 from phoenix.errors import VendorError
 from phoenix.vendor import DATA_PATH_ABI, CopyKind, DataPathTable, MemoryType
+from phoenix.vendors.host.runtime import Runtime
 
 H2H, H2D, D2H, D2D = CopyKind.HOST_TO_HOST, CopyKind.HOST_TO_DEVICE, CopyKind.DEVICE_TO_HOST, CopyKind.DEVICE_TO_DEVICE
 KiB, MiB = 1 << 10, 1 << 20

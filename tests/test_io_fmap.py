@@ -254,7 +254,7 @@ def test_eviction_under_a_tiny_budget(rt, dev, tmp_path):
     data = make_file(path, size, 7)
     d = dev(W)
     with fmap(fmap_mode="sync", fmap_cache=2 * W), pio.open(path) as f:
-        for rnd in range(2):
+        for _round in range(2):
             for w in range(5):
                 d.poison()
                 assert f.read(d.buf(), W, w * W) == W

@@ -14,12 +14,12 @@ import sys
 
 import numpy as np
 import pytest
-from phoenix.vendors.metax import runtime as metax
 
 from phoenix import emulator
 from phoenix.cudalike import MEM_DEVICE, MEM_HOST, MEM_MANAGED, MEM_UNREGISTERED
 from phoenix.errors import VendorError, VendorUnavailable
 from phoenix.vendor import CopyKind, MemoryType
+from phoenix.vendors.metax import runtime as metax
 
 pytestmark = pytest.mark.skipif(emulator.compiler() is None, reason="no C compiler to build the emulated MACA runtime")
 

@@ -7,9 +7,8 @@ conformance suite's ``pointer_queries`` capability must fail (interior pointers)
 
 import dataclasses
 
-from phoenix.vendors.host.runtime import Runtime as HostRuntime
-
 from phoenix.vendor import MemoryType
+from phoenix.vendors.host.runtime import Runtime as HostRuntime
 
 
 class Runtime(HostRuntime):

@@ -7,9 +7,8 @@ A porting slip invisible on a one-device machine: the conformance suite's
 
 import dataclasses
 
-from phoenix.vendors.host.runtime import Runtime as HostRuntime
-
 from phoenix.vendor import MemoryType
+from phoenix.vendors.host.runtime import Runtime as HostRuntime
 
 
 class Runtime(HostRuntime):
