@@ -40,6 +40,12 @@ if has conformance; then
     tail -25 "$OUT/conformance.log"
 fi
 
+if has diag; then
+    # where a caller is held in the stream-ordering test: all thread stacks after 3 s
+    timeout 90 phx-port test nvidia -k keeps_order_with_callbacks --report-dir "$OUT/diag" -- -o faulthandler_timeout=3 -s \
+        > "$OUT/diag.log" 2>&1; echo "diag rc=$?"; grep -E "passed|failed|Timeout|File .*(phoenix|conformance)" "$OUT/diag.log" | head -40
+fi
+
 if has bench; then
     DISK=${PHX_BENCH_DIR:-/root}
     SIZE=${PHX_BENCH_SIZE:-8G}

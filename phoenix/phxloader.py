@@ -345,6 +345,48 @@ def _page_aligned_release(arr) -> None:
                 _host_pool.append(m)
 
 
+_HUGE = 2 << 20
+_reg_pool: list = []  # (mmap, array, addr, nbytes): huge-page slots registered with CUDA, kept between loads
+
+
+def _cuda_registered_slot(torch, nbytes: int):
+    """Staging memory for CUDA loads: anonymous memory on 2 MiB boundaries with transparent
+    huge pages asked for, page-locked with cudaHostRegister (torch's cudart), kept between
+    loads (registration costs ~0.1 s/GiB). Physically contiguous runs keep an O_DIRECT read
+    at a few DMA segments per request (torch's pinned allocator hands out 4 KiB pages, and a
+    virtio or NVMe request takes a bounded number of segments). None if it cannot be had."""
+    with _pool_lock:
+        for i, e in enumerate(_reg_pool):
+            if e[3] >= nbytes:
+                return _reg_pool.pop(i)
+    try:
+        span = (nbytes + _HUGE - 1) // _HUGE * _HUGE
+        m = mmap.mmap(-1, span + _HUGE)
+        base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        off = (-base) % _HUGE
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            m.madvise(mmap.MADV_HUGEPAGE, off, span)
+        arr = np.frombuffer(m, dtype=np.uint8, count=nbytes, offset=off)
+        addr = base + off
+        rc = torch.cuda.cudart().cudaHostRegister(addr, nbytes, 0)
+        if int(rc) != 0:
+            return None
+        return (m, arr, addr, nbytes)
+    except Exception:
+        return None
+
+
+def _cuda_registered_release(torch, e) -> None:
+    with _pool_lock:
+        if len(_reg_pool) < _POOL_MAX:
+            _reg_pool.append(e)
+            return
+    try:
+        torch.cuda.cudart().cudaHostUnregister(e[2])
+    except Exception:
+        pass
+
+
 class _NumpySink(_Sink):
     name = "numpy"
 
@@ -373,11 +415,25 @@ class _TorchSink(_Sink):
         t = self.torch.empty(info.shape, dtype=torch_dtype(self.torch, info.dtype), device=self.device)
         return t, t.data_ptr()
 
+    staging_kind = "pageable"
+    _registered: list = []
+
     def staging(self, nbytes):
         if self.cuda:
+            e = _cuda_registered_slot(self.torch, nbytes)
+            if e is not None:
+                self._registered = [*self._registered, e]
+                self.staging_kind = "huge pages, cudaHostRegister"
+                return self.torch.from_numpy(e[1]), e[2]
+            self.staging_kind = "torch pinned (pin_memory=True)"
             t = self.torch.empty(nbytes, dtype=self.torch.uint8, pin_memory=True)
             return t, t.data_ptr()
         return _page_aligned(nbytes)
+
+    def close(self):
+        for e in self._registered:
+            _cuda_registered_release(self.torch, e)
+        self._registered = []
 
     def copy(self, dst_obj, dst_addr, dst_off, slot, src_addr, n):
         if not self.cuda:
@@ -649,7 +705,8 @@ def load(paths, device="cpu", *, framework: str | None = None, chunk: int = DEFA
             if isinstance(obj, np.ndarray):
                 _page_aligned_release(obj)
     out.stats = {"bytes": nbytes, "seconds": time.perf_counter() - t0, "chunks": len(plan), "chunk": chunk,
-                 "depth": depth, "sink": sink.name, "files": len(paths)}
+                 "depth": depth, "sink": sink.name, "files": len(paths),
+                 "staging": getattr(sink, "staging_kind", "")}
     return out
 
 

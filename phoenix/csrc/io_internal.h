@@ -287,6 +287,9 @@ struct io_worker {
     _Atomic(struct io_chunk *) inbox; /* staged writes whose device copy finished */
     struct io_sub *sync_head, *sync_tail; /* threads engine: subs to run */
     void *streams[IO_MAX_DEVICES];
+    /* staged reads whose device copy is queued on streams[d] and whose completion
+     * callback is not yet launched: one launch_host_func per batch (flush_copies) */
+    struct io_chunk *copied[IO_MAX_DEVICES];
     int cur_dev;
     void *start;             /* startup handshake with phx_ctx_create */
 };
