@@ -58,7 +58,7 @@ _settings = importlib.import_module(__package__ + ".settings")
 
 __all__ = [
     "PhxFile", "IOFuture", "StreamIO", "IORequest", "open", "batch", "register", "deregister",
-    "capabilities", "stats", "shutdown", "use_runtime", "fmap_wait", "fmap_clear", "fmap_info",
+    "capabilities", "stats", "shutdown", "prepare", "use_runtime", "fmap_wait", "fmap_clear", "fmap_info",
 ]
 
 # ---- the C core's ABI (phoenix/csrc/phx_io.h) ------------------------------------------
@@ -192,6 +192,7 @@ def _bind():
         "phx_ctx_create": (ctypes.c_int, [ctypes.POINTER(_Config), _P, ctypes.POINTER(_P)]),
         "phx_ctx_engine": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_size_t]),
         "phx_ctx_destroy": (None, [_P]),
+        "phx_ctx_prepare": (ctypes.c_int64, [_P]),
         "phx_file_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(_P)]),
         "phx_file_from_fd": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.POINTER(_P)]),
         "phx_file_close": (ctypes.c_int, [_P]),
@@ -340,6 +341,22 @@ def _current_engine(s: _settings.Settings | None = None) -> _Engine:
             # the old engine stays alive while its requests hold it, then goes
             _engine = e = _Engine(s, rt)
     return e
+
+
+def prepare() -> dict:
+    """Start the worker pool for the current settings and pin its whole bounce pool now.
+
+    Otherwise both happen on the first I/O that needs them. Pinning goes through the
+    vendor (cudaHostRegister on CUDA), which the runtime may serialize behind busy
+    streams: an application that holds streams with callbacks of its own (or that must
+    not stall at its first read) calls this at start-up, before stream-ordered I/O.
+    Returns ``{"engine", "bounce_bytes"}``.
+    """
+    e = _current_engine()
+    n = _lib.phx_ctx_prepare(e.handle)
+    if n < 0:
+        raise PhxIOError(-n, None, 0, 0, "prepare: pinning the bounce pool")
+    return {"engine": e.engine, "bounce_bytes": int(n)}
 
 
 def shutdown() -> None:

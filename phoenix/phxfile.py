@@ -199,6 +199,12 @@ def _c_open(table_addr: int, table_size: int, _unused: int = 0) -> int:
         rc = lib.phx_ctx_create(ctypes.byref(cfg), ctypes.byref(dp), ctypes.byref(handle))
         if rc < 0:
             return rc
+        # pin the bounce pool now, at DriverOpen, not at the first stream-ordered call:
+        # CUDA may serialize page-locking behind the caller's busy streams
+        pinned = lib.phx_ctx_prepare(handle)
+        if pinned < 0:
+            lib.phx_ctx_destroy(handle)
+            return int(pinned)
     except Exception as exc:  # said on stderr: LMCache only sees the errno
         print(f"libphxfile: cannot open the driver: {exc}", flush=True, file=__import__("sys").stderr)
         traceback.print_exc()

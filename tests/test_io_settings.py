@@ -116,3 +116,34 @@ def test_bounce_pool_auto(monkeypatch):
     with pytest.raises(ValueError, match="bounce_pool_size"):
         with ps.override(bounce_pool_size=4096):
             pass
+
+
+def test_prepare_pins_the_whole_bounce_pool():
+    """prepare() starts the pool for the current settings and pins its bounce pool at once
+    (not on first need), and the I/O that follows uses that pool: no growth."""
+    pio.shutdown()
+    with ps.override(threads=2, chunk_size="1M", bounce_pool_size="8M"):
+        assert pio.stats()["bounce_bytes"] == 0
+        info = pio.prepare()
+        assert info["bounce_bytes"] == 8 << 20 == pio.stats()["bounce_bytes"]
+        rt = get_runtime()
+        n = 3 << 20
+        dev = rt.device_alloc(n)
+        try:
+            data = np.random.default_rng(5).integers(0, 256, n, dtype=np.uint8)
+            import tempfile
+
+            with tempfile.NamedTemporaryFile() as tf:
+                data.tofile(tf.name)
+                with ps.override(mode="staged"), pio.open(tf.name) as f:
+                    assert f.read((dev, n), n, 0, 0) == n
+            out = np.empty(n, np.uint8)
+            from phoenix.vendor import CopyKind
+
+            rt.memcpy(out.ctypes.data, dev, n, CopyKind.DEVICE_TO_HOST)
+            assert np.array_equal(out, data)
+            assert pio.stats()["bounce_bytes"] == 8 << 20  # the prepared pool, not grown
+        finally:
+            rt.device_free(dev)
+    pio.shutdown()
+    assert pio.stats()["bounce_bytes"] == 0

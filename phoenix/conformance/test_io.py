@@ -585,6 +585,10 @@ def test_io_keeps_order_with_callbacks(rt, mem, rng, engine, mode, tmp_path, che
     try:
         shot = mem.keep(pio.TestHostFn(kind=1, fd=fd, dst=addr(snap), size=n, offset=foff,
                                        counter=ctypes.pointer(counter), seq=-1, result=-999))
+        # the pool for these settings is started and its bounce buffers pinned before the
+        # stream is held: pinning (cudaHostRegister) may wait for busy streams, and this
+        # test's gate keeps the stream busy until the caller goes on (see io.prepare)
+        pio.prepare()
         with pio.open(path, "r+") as f:
             try:
                 launch(s, chelper.fn, hold.address)

@@ -1111,6 +1111,15 @@ int phx_ctx_engine(const phx_ctx *ctx, char *why, size_t why_len)
     return ctx->engine;
 }
 
+int64_t phx_ctx_prepare(phx_ctx *ctx)
+{
+    if (!ctx)
+        return -EINVAL;
+    if (!ctx->has_dp)
+        return 0; /* no staging without a data path: nothing to pin */
+    return pool_prepare(&ctx->pool);
+}
+
 void phx_ctx_destroy(phx_ctx *ctx)
 {
     if (!ctx)

@@ -139,6 +139,7 @@ void *pool_alloc(struct io_pool *p, uint64_t bytes, struct io_worker *waiter);
 /* Blocking, all or nothing: n slots of `bytes` each. */
 int pool_alloc_many(struct io_pool *p, int n, uint64_t bytes, char **out);
 void pool_free(struct io_pool *p, void *ptr, uint64_t bytes);
+int64_t pool_prepare(struct io_pool *p);
 uint64_t pool_round(uint64_t bytes);
 
 /* ---- requests ---- */

@@ -244,3 +244,21 @@ void pool_free(struct io_pool *p, void *ptr, uint64_t bytes)
     pthread_mutex_unlock(&p->mu);
     STAT_ADD(bounce_in_use, -(int64_t)n * IO_POOL_UNIT);
 }
+
+/* Grow the pool to its limit now (phx_ctx_prepare). */
+int64_t pool_prepare(struct io_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    while (pool_grow(p))
+        ;
+    int64_t pinned = 0, total = 0;
+    for (int i = 0; i < p->nsegs; i++) {
+        total += (int64_t)p->segs[i].size;
+        if (p->segs[i].registered)
+            pinned += (int64_t)p->segs[i].size;
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (total == 0)
+        return -ENOMEM;
+    return p->dp ? pinned : total;
+}

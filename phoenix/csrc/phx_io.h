@@ -78,6 +78,11 @@ int phx_ctx_engine(const phx_ctx *ctx, char *reason, size_t reason_len);
 /* Waits for every request and stream op of the context, stops the workers, frees the
  * bounce pool. */
 void phx_ctx_destroy(phx_ctx *ctx);
+/* Allocate and pin the whole bounce pool now (it otherwise grows on first need). Pinning
+ * goes through the vendor (cudaHostRegister), which a runtime may serialize behind busy
+ * streams: an application that holds streams with its own callbacks prepares the context
+ * before its first stream-ordered I/O. Returns the pool's pinned bytes or a negative errno. */
+int64_t phx_ctx_prepare(phx_ctx *ctx);
 
 /* ---- files ------------------------------------------------------------------------ */
 
