@@ -21,6 +21,9 @@ OUT=${OUT:-/tmp/phx-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 cd "$OUT"
 STAGES=${*:-smoke disk tmpfs}
 export PYTHONUNBUFFERED=1 PHX_VENDOR=${PHX_VENDOR:-nvidia}
+# the SSD tier is read as from a drive: phoenix's page-cache mapping cache (zero-copy warm
+# reads of cached file ranges) is off, or the tmpfs stand-in would be served as page cache
+export PHX_FMAP_MODE=${PHX_FMAP_MODE:-off}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 PY=${PYTHON:-python3}
 $PY -c 'import phoenix, phoenix.kvtrace; print("phoenix from", phoenix.__file__)' || { echo "phoenix is not importable: set PYTHONPATH"; exit 2; }
