@@ -225,7 +225,10 @@ class Bench:
 
         rnd = _random.Random(42)
         slots = size // bs
-        with self.phoenix.settings.override(threads=min(qd, 64), queue_depth=qd):
+        # qd reads in flight in all, as the raw reference has (qd threads, one each):
+        # `random_threads` workers with qd / random_threads each
+        t = max(1, min(qd, getattr(self.args, "random_threads", 16)))
+        with self.phoenix.settings.override(threads=t, queue_depth=max(1, -(-qd // t))):
             with self.phoenix.open(self.args.file, "r") as f:
                 reqs = [(f, (self.dev + (i % slots) * bs, bs), bs, rnd.randrange(slots) * bs, 0, "read") for i in range(nops)]
                 results = self.phoenix.batch(reqs)
@@ -364,7 +367,8 @@ def run(args) -> list[dict]:
             b.record("randread", "raw_odirect", False, nbytes, secs, cpu, qd, bs, iops=nops / secs)
             progress.step(f"random read {bs >> 10} KiB phoenix qd={qd}")
             nbytes, secs, cpu, _ = b.timed(lambda: b._phoenix_random(size, bs, qd, nops), args.reps)
-            b.record("randread", "phoenix", False, nbytes, secs, cpu, qd, bs, iops=nops / secs)
+            b.record("randread", "phoenix", False, nbytes, secs, cpu, qd, bs, iops=nops / secs,
+                     workers=max(1, min(qd, args.random_threads)))
         if b.vendor != "host":
             progress.step("pinned host -> device copy")
             b.prepare_rep = None
@@ -456,6 +460,8 @@ def add_parser(sub) -> None:
     p.add_argument("--random-bs", type=parse_size, default=parse_size("64K"), help="random read size (default 64K)")
     p.add_argument("--qd", type=int, default=64, help="random reads in flight (default 64)")
     p.add_argument("--random-ops", type=int, default=20000, help="random reads per repetition (default 20000)")
+    p.add_argument("--random-threads", type=int, default=16,
+                   help="phoenix workers for random reads; each keeps qd/threads reads in flight (default 16)")
     p.add_argument("--device", type=int, default=0, help="device ordinal (default 0)")
     p.add_argument("--json", metavar="FILE", help="write the records as a JSON list")
     p.add_argument("--plot", metavar="FILE", help="write a PNG of throughput against concurrency")

@@ -617,6 +617,13 @@ static void sub_issue(struct io_worker *w, struct io_sub *s)
         w->sync_tail = s;
         return;
     }
+    if (s->cached) {
+        /* a read of cached pages is a memory copy: done here by this worker (as the
+         * threads engine does), not through the ring, where a buffered read the kernel
+         * cannot finish without blocking is handed to its io-wq threads */
+        sub_run_sync(w, s);
+        return;
+    }
     struct io_uring_sqe *sqe = ring_get_sqe(&w->ring);
     if (!sqe) {
         ring_enter(&w->ring, 0);
@@ -693,8 +700,10 @@ static void chunk_issue_subs(struct io_worker *w, struct io_chunk *ch)
     ch->subs_left = (uint8_t)n;
     for (int i = 0; i < n; i++) {
         struct io_sub *s = &ch->sub[i];
-        if (probe && s->direct && mostly_cached(ch->req->file, s->off, s->len))
+        if (probe && s->direct && mostly_cached(ch->req->file, s->off, s->len)) {
             s->direct = 0;
+            s->cached = 1;
+        }
         sub_issue(w, s);
     }
 }

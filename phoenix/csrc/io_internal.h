@@ -155,6 +155,7 @@ struct io_sub {
     uint8_t direct;   /* on the O_DIRECT descriptor */
     uint8_t finished;
     uint8_t fell_back; /* retried buffered after O_DIRECT said EINVAL */
+    uint8_t cached;    /* the page-cache probe found the range cached: a copy, run inline */
     int err;
 };
 struct io_chunk {
