@@ -16,9 +16,9 @@ setting                  environment                   default    meaning
                                                                   at most 64 MiB of them: up to threads x queue_depth
                                                                   small I/Os in the kernel at once.
 ``bounce_pool_size``     ``PHX_BOUNCE_POOL_SIZE``      auto       most pinned host memory for bounce buffers (staged
-                                                                  path). ``auto``: two chunks per worker (one in the
-                                                                  kernel, one in a device copy), at least 256M, at
-                                                                  most 2G. Allocated on first use in segments, pinned
+                                                                  path). ``auto``: four chunks per worker (one in the
+                                                                  kernel, the others in or waiting for a device
+                                                                  copy), at least 256M, at most 4G. Allocated on first use in segments, pinned
                                                                   through the vendor, kept until
                                                                   :func:`phoenix.io.shutdown`. A staged chunk is at
                                                                   most half of it, so two always fit.

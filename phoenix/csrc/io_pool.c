@@ -31,12 +31,13 @@ int pool_init(struct io_pool *p, struct phx_ctx *ctx, uint64_t limit, uint64_t m
     p->ctx = ctx;
     p->dp = dp;
     max_slot = pool_round(max_slot);
-    uint64_t seg = 64ull << 20;
-    if (seg < max_slot)
-        seg = max_slot;
+    /* a segment is a whole number of the largest slots (~64 MiB), so that no segment
+     * wastes the tail a big slot does not fit in */
+    uint64_t k = (64ull << 20) / max_slot;
+    uint64_t seg = max_slot * (k ? k : 1);
     uint64_t per = align_up((limit + IO_MAX_SEGS - 1) / IO_MAX_SEGS, IO_POOL_UNIT);
     if (seg < per)
-        seg = per;
+        seg = max_slot * ((per + max_slot - 1) / max_slot);
     if (limit < max_slot)
         limit = max_slot; /* one slot always fits */
     if (seg > limit)
