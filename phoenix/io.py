@@ -1237,6 +1237,8 @@ def capabilities(path=None) -> dict:
     """
     s = _settings.get()
     out: dict = {"settings": {k: getattr(s, k) for k in _settings.DEFAULTS}}
+    if s.bounce_pool_size == 0:
+        out["settings"]["bounce_pool_size"] = "auto"
     ok_uring, why_uring = _probe_engine("io_uring")
     _, why_auto = _probe_engine("auto")
     out["engines"] = {
