@@ -17,9 +17,10 @@
  *   CH_STAGED_CPU  CPU-addressable memory whose address is not aligned with the file
  *                  offset as O_DIRECT needs: through a bounce slot, copied by the CPU.
  *   CH_STAGED_DEV  device memory: O_DIRECT into a pinned slot, then memcpy_async on
- *                  the worker's stream for that device and a host callback that frees
- *                  the slot and completes the chunk; the worker goes on with the next
- *                  chunk meanwhile (the read of chunk i+1 overlaps the copy of chunk i).
+ *                  the worker's stream for that device; one host callback per worker round
+ *                  (flush_copies) frees the slots and completes the chunks copied in it;
+ *                  the worker goes on with the next chunk meanwhile (the read of chunk
+ *                  i+1 overlaps the copy of chunk i).
  *                  Writes: memcpy_async device -> slot, a host callback hands the chunk
  *                  back to its worker (inbox + eventfd), which writes it.
  *
@@ -400,19 +401,30 @@ static void cb_write_filled(void *arg)
     worker_wake(w);
 }
 
-/* Queue a copy between the chunk's slot and its device memory, then `cb`.
- * Returns 0 when queued, 1 when it completed synchronously (launch_host_func refused:
- * the copy was synchronized here), -EIO on a vendor error. */
-static int dev_copy(struct io_worker *w, struct io_chunk *ch, int to_device, phx_host_fn cb)
+/* Queue the copy between the chunk's slot and its device memory on the worker's stream
+ * for that device (to the device: the bytes read; from it: the whole chunk). Returns the
+ * stream, or NULL on a vendor error. */
+static void *queue_dev_copy(struct io_worker *w, struct io_chunk *ch, int to_device)
 {
     const struct phx_dp_table *dp = &w->ctx->dp;
     void *stream = worker_stream(w, ch->req->device);
     if (!stream)
-        return -EIO;
+        return NULL;
     char *slot = ch->slot + ch->slot_off;
     int rc = to_device ? dp->memcpy_async(ch->user, slot, ch->got, dp->kind_h2d, stream)
                        : dp->memcpy_async(slot, ch->user, ch->len, dp->kind_d2h, stream);
-    if (rc != dp->success)
+    return rc == dp->success ? stream : NULL;
+}
+
+/* A staged write: queue the copy of the chunk from device memory into its slot, then `cb`.
+ * (Staged reads queue theirs with queue_dev_copy and share a callback: flush_copies.)
+ * Returns 0 when queued, 1 when it completed synchronously (launch_host_func refused:
+ * the copy was synchronized here), -EIO on a vendor error. */
+static int dev_copy_to_slot(struct io_worker *w, struct io_chunk *ch, phx_host_fn cb)
+{
+    const struct phx_dp_table *dp = &w->ctx->dp;
+    void *stream = queue_dev_copy(w, ch, 0);
+    if (!stream)
         return -EIO;
     if (dp->launch_host_func(stream, cb, ch) != dp->success)
         return dp->stream_synchronize(stream) == dp->success ? 1 : -EIO;
@@ -672,13 +684,9 @@ static void chunk_io_done(struct io_worker *w, struct io_chunk *ch)
     } else if (ch->path == CH_STAGED_DEV && r->op == PHX_OP_READ && !err && got) {
         /* the copy is queued now; its completion callback is launched with the others
          * of this round by flush_copies (before the worker sleeps) */
-        const struct phx_dp_table *dp = &w->ctx->dp;
-        int dev = r->device;
-        void *stream = worker_stream(w, dev);
-        if (stream && dp->memcpy_async(ch->user, ch->slot + ch->slot_off, ch->got, dp->kind_h2d, stream) ==
-                          dp->success) {
-            ch->next = w->copied[dev];
-            w->copied[dev] = ch;
+        if (queue_dev_copy(w, ch, 1)) {
+            ch->next = w->copied[r->device];
+            w->copied[r->device] = ch;
             return; /* cb_read_copied_list frees the slot and finishes the chunk */
         }
         ch->err = EIO;
@@ -759,7 +767,7 @@ static void chunk_start(struct io_worker *w, struct io_chunk *ch)
     if (r->op == PHX_OP_WRITE && ch->path == CH_STAGED_CPU) {
         memcpy(ch->slot + ch->slot_off, ch->user, ch->len);
     } else if (r->op == PHX_OP_WRITE && ch->path == CH_STAGED_DEV) {
-        int rc = dev_copy(w, ch, 0, cb_write_filled);
+        int rc = dev_copy_to_slot(w, ch, cb_write_filled);
         if (rc < 0)
             chunk_fail(w, ch, EIO);
         else if (rc == 1)
