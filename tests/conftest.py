@@ -22,3 +22,20 @@ def rt():
     yield runtime
     pio.shutdown()
     pio.use_runtime(None)
+
+
+@pytest.fixture
+def dev(rt):
+    """dev(n): a poisoned device buffer of the runtime under test (``_devmem.Dev``), freed after the test."""
+    from _devmem import Dev
+
+    made = []
+
+    def make(n):
+        d = Dev(rt, n)
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        d.free()

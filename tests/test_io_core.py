@@ -13,15 +13,14 @@ import os
 
 import numpy as np
 import pytest
+from _devmem import POISON, check_extent  # tests/_devmem.py
 
 import phoenix.io as pio
 import phoenix.settings as ps
 from phoenix.errors import PhxIOError
-from phoenix.vendor import CopyKind
 
 ENGINES = ["io_uring", "threads"]
 MODES = ["direct", "staged"]
-POISON = 0xA5
 
 
 @pytest.fixture(params=ENGINES)
@@ -38,53 +37,6 @@ def mode(request):
 
 def rand(n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, size=n, dtype=np.uint8)
-
-
-class Dev:
-    """A device buffer of the host vendor, filled and read through the vendor's copies."""
-
-    def __init__(self, rt, n: int):
-        self.rt, self.n = rt, n
-        self.ptr = rt.device_alloc(max(n, 1))
-
-    def buf(self):
-        return (self.ptr, self.n)
-
-    def fill(self, data: np.ndarray):
-        data = np.ascontiguousarray(data)
-        self.rt.memcpy(self.ptr, data.ctypes.data, data.nbytes, CopyKind.HOST_TO_DEVICE)
-
-    def poison(self):
-        self.fill(np.full(self.n, POISON, np.uint8))
-
-    def get(self) -> np.ndarray:
-        out = np.empty(self.n, np.uint8)
-        self.rt.memcpy(out.ctypes.data, self.ptr, self.n, CopyKind.DEVICE_TO_HOST)
-        return out
-
-    def free(self):
-        self.rt.device_free(self.ptr)
-
-
-@pytest.fixture
-def dev(rt):
-    made = []
-
-    def make(n):
-        d = Dev(rt, n)
-        made.append(d)
-        return d
-
-    yield make
-    for d in made:
-        d.free()
-
-
-def check_extent(got: np.ndarray, want: np.ndarray, start: int, count: int):
-    """got[start:start+count] == want, and everything else still the poison."""
-    np.testing.assert_array_equal(got[start:start + count], want[:count])
-    assert (got[:start] == POISON).all(), "bytes before the extent were touched"
-    assert (got[start + count:] == POISON).all(), "bytes after the extent were touched"
 
 
 # ---- round trips -------------------------------------------------------------------------

@@ -14,12 +14,12 @@ import threading
 
 import numpy as np
 import pytest
+from _devmem import POISON, Dev, check_extent  # tests/_devmem.py
 
 import phoenix.io as pio
 import phoenix.settings as ps
 from phoenix.vendor import CopyKind
 
-POISON = 0xA5
 W = 2 << 20
 ENGINES = ["io_uring", "threads"]
 
@@ -29,48 +29,6 @@ def _fresh(rt):
     pio.shutdown()  # each test starts with an empty cache
     yield
     pio.shutdown()
-
-
-class Dev:
-    def __init__(self, rt, n):
-        self.rt, self.n = rt, n
-        self.ptr = rt.device_alloc(n)
-        self.poison()
-
-    def poison(self):
-        h = np.full(self.n, POISON, np.uint8)
-        self.rt.memcpy(self.ptr, h.ctypes.data, self.n, CopyKind.HOST_TO_DEVICE)
-
-    def host(self) -> np.ndarray:
-        h = np.empty(self.n, np.uint8)
-        self.rt.memcpy(h.ctypes.data, self.ptr, self.n, CopyKind.DEVICE_TO_HOST)
-        return h
-
-    def buf(self):
-        return (self.ptr, self.n)
-
-    def free(self):
-        self.rt.device_free(self.ptr)
-
-
-@pytest.fixture
-def dev(rt):
-    made = []
-
-    def make(n):
-        d = Dev(rt, n)
-        made.append(d)
-        return d
-
-    yield make
-    for d in made:
-        d.free()
-
-
-def check_extent(got, want, start, count):
-    np.testing.assert_array_equal(got[start:start + count], want[:count])
-    assert (got[:start] == POISON).all(), "bytes before the extent were touched"
-    assert (got[start + count:] == POISON).all(), "bytes after the extent were touched"
 
 
 def make_file(path, size, seed=1):
@@ -101,7 +59,7 @@ def test_warm_read_hits_after_first_read(rt, dev, tmp_path, request):
         with fmap(fmap_mode="auto", engine=engine), pio.open(path) as f:
             st0 = pio.stats()
             assert f.read(d.buf(), size, 0, 4096) == size
-            check_extent(d.host(), data, 4096, size)
+            check_extent(d.get(), data, 4096, size)
             st1 = pio.stats()
             assert st1["fmap_misses"] == st0["fmap_misses"] + 1 and st1["fmap_hits"] == st0["fmap_hits"]
             assert pio.fmap_wait(timeout=30)
@@ -114,7 +72,7 @@ def test_warm_read_hits_after_first_read(rt, dev, tmp_path, request):
             st2 = pio.stats()
             assert st2["fmap_hits"] == st1["fmap_hits"] + 1
             assert st2["chunks_staged"] == staged_before  # no bounce buffer, no file I/O
-            check_extent(d.host(), data, 4096, size)
+            check_extent(d.get(), data, 4096, size)
             assert pio._fmap_lookup(f, 100, 1000) is not None
 
 
@@ -128,7 +86,7 @@ def test_sync_mode_hits_at_once_and_close_keeps_windows(rt, dev, tmp_path):
             h0 = hits()
             assert f.read(d.buf()) == size
             assert hits() == h0 + 1
-            check_extent(d.host(), data, 0, size)
+            check_extent(d.get(), data, 0, size)
         # closing keeps the windows: a new open of the same file hits
         assert pio.fmap_info()["windows"] == 3
         with pio.open(path) as f:
@@ -136,7 +94,7 @@ def test_sync_mode_hits_at_once_and_close_keeps_windows(rt, dev, tmp_path):
             assert f.read(d.buf()) == size
             assert hits() == h0 + 2
             assert pio.fmap_info()["registrations"] == 3
-            check_extent(d.host(), data, 0, size)
+            check_extent(d.get(), data, 0, size)
 
 
 def test_unaligned_extents_within_a_hit(rt, dev, tmp_path):
@@ -155,7 +113,7 @@ def test_unaligned_extents_within_a_hit(rt, dev, tmp_path):
             h0 = hits()
             assert f.read(d.buf(), n, off, boff) == n
             assert hits() == h0 + 1
-            check_extent(d.host(), data[off:], boff, n)
+            check_extent(d.get(), data[off:], boff, n)
 
 
 def test_read_spanning_windows_and_past_eof(rt, dev, tmp_path):
@@ -166,18 +124,18 @@ def test_read_spanning_windows_and_past_eof(rt, dev, tmp_path):
     with fmap(fmap_mode="sync"), pio.open(path) as f:
         # across the border of windows 0 and 1
         assert f.read(d.buf(), 6000, W - 3000, 100) == 6000
-        check_extent(d.host(), data[W - 3000:], 100, 6000)
+        check_extent(d.get(), data[W - 3000:], 100, 6000)
         assert pio.fmap_info()["windows"] == 2
         # across all three windows, running past the end of the file: a short count
         d.poison()
         h0 = hits()
         assert f.read(d.buf(), 3 * W - 64, 32, 64) == size - 32
         assert hits() == h0 + 1
-        check_extent(d.host(), data[32:], 64, size - 32)
+        check_extent(d.get(), data[32:], 64, size - 32)
         # entirely past the end: 0, nothing touched
         d.poison()
         assert f.read(d.buf(), 4096, size + 10, 0) == 0
-        assert (d.host() == POISON).all()
+        assert (d.get() == POISON).all()
 
 
 def test_write_through_phoenix_invalidates(rt, dev, tmp_path):
@@ -198,7 +156,7 @@ def test_write_through_phoenix_invalidates(rt, dev, tmp_path):
         data[W + 100:W + 5100] = new
         d.poison()
         assert f.read(d.buf()) == size
-        check_extent(d.host(), data, 0, size)
+        check_extent(d.get(), data, 0, size)
         # a write from device memory (staged) invalidates as well
         src = dev(W)
         src_bytes = np.random.default_rng(10).integers(0, 256, W, dtype=np.uint8)
@@ -208,7 +166,7 @@ def test_write_through_phoenix_invalidates(rt, dev, tmp_path):
         assert pio._fmap_lookup(f, 2 * W, 10) is None
         d.poison()
         assert f.read(d.buf()) == size
-        check_extent(d.host(), data, 0, size)
+        check_extent(d.get(), data, 0, size)
 
 
 def test_external_modification_invalidates(rt, dev, tmp_path):
@@ -233,7 +191,7 @@ def test_external_modification_invalidates(rt, dev, tmp_path):
         m0 = pio.stats()["fmap_misses"]
         assert f.read(d.buf(), size) == size
         assert pio.stats()["fmap_misses"] == m0 + 1  # the stale windows were dropped
-        check_extent(d.host(), data, 0, size)
+        check_extent(d.get(), data, 0, size)
         assert pio.fmap_info()["invalidations"] == 2
         assert pio.fmap_wait(timeout=30)
         # the file grows: a size change drops them too, and the new bytes are read
@@ -245,7 +203,7 @@ def test_external_modification_invalidates(rt, dev, tmp_path):
         h0 = hits()
         assert f.read(d.buf(), size + 1000) == size + 1000
         assert hits() == h0
-        check_extent(d.host(), data, 0, size + 1000)
+        check_extent(d.get(), data, 0, size + 1000)
 
 
 def test_eviction_under_a_tiny_budget(rt, dev, tmp_path):
@@ -258,7 +216,7 @@ def test_eviction_under_a_tiny_budget(rt, dev, tmp_path):
             for w in range(5):
                 d.poison()
                 assert f.read(d.buf(), W, w * W) == W
-                check_extent(d.host(), data[w * W:], 0, W)
+                check_extent(d.get(), data[w * W:], 0, W)
                 st = pio.stats()
                 assert st["fmap_bytes"] <= 2 * W and st["fmap_windows"] <= 2
         info = pio.fmap_info()
@@ -270,7 +228,7 @@ def test_eviction_under_a_tiny_budget(rt, dev, tmp_path):
     with fmap(fmap_mode="sync", fmap_cache=W, fmap_window=2 * W), pio.open(path) as f:
         d.poison()
         assert f.read(d.buf(), W, 0) == W
-        check_extent(d.host(), data, 0, W)
+        check_extent(d.get(), data, 0, W)
         assert pio.fmap_info()["windows"] == 0
 
 
@@ -285,7 +243,7 @@ def test_fmap_off(rt, dev, tmp_path):
             for _ in range(2):
                 d.poison()
                 assert f.read(d.buf()) == size
-                check_extent(d.host(), data, 0, size)
+                check_extent(d.get(), data, 0, size)
             assert pio.fmap_wait(timeout=5)
             assert hits() == h0 and pio.stats()["fmap_misses"] == m0
             assert pio.fmap_info()["windows"] == 0 and pio.fmap_info()["mode"] == "off"
@@ -326,7 +284,7 @@ def test_unregistrable_window_is_not_retried(rt, dev, tmp_path):
         for _ in range(3):
             d.poison()
             assert f.read(d.buf()) == size
-            check_extent(d.host(), data, 0, size)
+            check_extent(d.get(), data, 0, size)
         info = pio.fmap_info()
         assert info["unregistrable"] == 1 and info["windows"] == 0 and info["registrations"] == 0
     # read-only accepted by the host vendor: 9 (portable | read-only) and 1 both work
@@ -336,7 +294,7 @@ def test_unregistrable_window_is_not_retried(rt, dev, tmp_path):
             d.poison()
             assert f.read(d.buf()) == size
             assert pio.fmap_info()["windows"] == 1
-            check_extent(d.host(), data, 0, size)
+            check_extent(d.get(), data, 0, size)
 
 
 def test_no_leaks_after_fmap_clear(rt, dev, tmp_path):
@@ -356,7 +314,7 @@ def test_no_leaks_after_fmap_clear(rt, dev, tmp_path):
         assert pio.fmap_info()["windows"] == 0 and pio.fmap_info()["in_use"] == 0
         d.poison()
         assert f.read(d.buf()) == size  # a miss again, re-queued
-        check_extent(d.host(), data, 0, size)
+        check_extent(d.get(), data, 0, size)
         assert pio.fmap_wait(timeout=30)
         assert pio.stats()["fmap_windows"] == 4
     pio.shutdown()  # context destroy releases everything and stops the registrar
@@ -382,7 +340,7 @@ def test_concurrent_readers_of_one_window(rt, dev, tmp_path):
                 boff = int(rng.integers(0, 4096))
                 d.poison()
                 assert f.read(d.buf(), n, off, boff) == n
-                check_extent(d.host(), data[off:], boff, n)
+                check_extent(d.get(), data[off:], boff, n)
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
         finally:
@@ -449,7 +407,7 @@ def test_registration_waits_until_the_context_is_idle(rt, dev, tmp_path):
             try:
                 r = f.read_async(e.buf(), size, 0, 0, s)  # in flight behind the gate
                 assert f.read(d.buf(), size, 0, 0) == size  # a miss: its windows are queued
-                check_extent(d.host(), data, 0, size)
+                check_extent(d.get(), data, 0, size)
                 t0 = time.monotonic()
                 while time.monotonic() - t0 < 0.5:
                     seen.append(pio.fmap_info()["windows"])
@@ -463,10 +421,10 @@ def test_registration_waits_until_the_context_is_idle(rt, dev, tmp_path):
             assert r.result() == size
             assert pio.fmap_wait(timeout=30)
             assert pio.fmap_info()["windows"] == 2 and pio.fmap_info()["pending"] == 0
-            check_extent(e.host(), data, 0, size)
+            check_extent(e.get(), data, 0, size)
             e.poison()
             assert f.read(e.buf(), size, 0, 0) == size
-            check_extent(e.host(), data, 0, size)
+            check_extent(e.get(), data, 0, size)
     finally:
         gate.value = 1
         rt.stream_synchronize(s)
