@@ -621,18 +621,22 @@ def main(argv=None) -> int:
             "(LMCache's Backend.register_stream + register_buffer per region, in the order of GDSContext."
             "register_gpu_buffer, which this script mirrors: gds_context.py is not imported)")
 
-        writes, reads = [], []
-        for rep in range(args.reps):
-            # -- write
+        def timed_transfer(write: bool, tensor):
+            """The whole tensor to (write) or from the slab in `chunk` transfers on the stream,
+            synchronized: (seconds, submissions, those whose bytes_done is not their size)."""
             subs: list = []
             t0 = time.perf_counter()
             with dev.stream_ctx():
                 for off in range(0, size, chunk):
-                    n = min(chunk, size - off)
-                    reg.transfer(handle, True, src.data_ptr() + off, n, off, subs)
+                    reg.transfer(handle, write, tensor.data_ptr() + off, min(chunk, size - off), off, subs)
                 dev.sync()
-            tw = time.perf_counter() - t0
-            bad = [(s.size.value, s.bytes_done) for s in subs if s.bytes_done != s.size.value]
+            secs = time.perf_counter() - t0
+            return secs, subs, [(s.size.value, s.bytes_done) for s in subs if s.bytes_done != s.size.value]
+
+        writes, reads = [], []
+        for rep in range(args.reps):
+            # -- write
+            tw, subs, bad = timed_transfer(True, src)
             writes.append({"rep": rep, "seconds": round(tw, 4), "gbps": round(size / tw / 1e9, 3),
                            "submissions": len(subs), "bad_submissions": len(bad)})
             log(f"write rep {rep}: {size / tw / 1e9:.2f} GB/s ({len(subs)} submissions, {tw:.3f} s)")
@@ -641,15 +645,7 @@ def main(argv=None) -> int:
             # -- cold read into the poisoned tensor
             dev.fill(dst, POISON)
             cache = "warm (not dropped)" if args.no_cold else drop_cache(handle.fd, handle.path)
-            subs = []
-            t0 = time.perf_counter()
-            with dev.stream_ctx():
-                for off in range(0, size, chunk):
-                    n = min(chunk, size - off)
-                    reg.transfer(handle, False, dst.data_ptr() + off, n, off, subs)
-                dev.sync()
-            tr = time.perf_counter() - t0
-            bad = [(s.size.value, s.bytes_done) for s in subs if s.bytes_done != s.size.value]
+            tr, subs, bad = timed_transfer(False, dst)
             same, ndiff, first = dev.equal(src, dst)
             reads.append({"rep": rep, "seconds": round(tr, 4), "gbps": round(size / tr / 1e9, 3), "cache": cache,
                           "submissions": len(subs), "bad_submissions": len(bad), "equal": same,
