@@ -329,16 +329,21 @@ static void fwin_register(phx_ctx *ctx, struct io_fwin *w)
  * cap keeps a context that is never idle from never registering. */
 #define FMAP_IDLE_WAIT_NS (2000000000ll)
 
+/* The CLOCK_REALTIME time `ns` from now: a deadline for pthread_cond_timedwait (the
+ * condition variables here wait on CLOCK_REALTIME). */
+static struct timespec realtime_in(int64_t ns)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t nsec = (int64_t)ts.tv_nsec + ns % 1000000000ll;
+    ts.tv_sec += (time_t)(ns / 1000000000ll + nsec / 1000000000ll);
+    ts.tv_nsec = (long)(nsec % 1000000000ll);
+    return ts;
+}
+
 static void wait_ctx_idle(phx_ctx *ctx)
 {
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += FMAP_IDLE_WAIT_NS / 1000000000ll;
-    dl.tv_nsec += FMAP_IDLE_WAIT_NS % 1000000000ll;
-    if (dl.tv_nsec >= 1000000000l) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000l;
-    }
+    struct timespec dl = realtime_in(FMAP_IDLE_WAIT_NS);
     pthread_mutex_lock(&ctx->mu);
     while (ctx->inflight > 0 && !atomic_load(&ctx->stop))
         if (pthread_cond_timedwait(&ctx->cv, &ctx->mu, &dl) == ETIMEDOUT)
@@ -880,11 +885,7 @@ int phx_fmap_wait(phx_ctx *ctx, int64_t timeout_ns)
         }
         if (left > 10000000)
             left = 10000000;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += left;
-        ts.tv_sec += ts.tv_nsec / 1000000000;
-        ts.tv_nsec %= 1000000000;
+        struct timespec ts = realtime_in(left);
         pthread_cond_timedwait(&m->idle_cv, &m->mu, &ts);
     }
     pthread_mutex_unlock(&m->mu);
