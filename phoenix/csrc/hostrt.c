@@ -92,10 +92,21 @@ static int report(int code)
     return code;
 }
 
-static const struct {
+struct err_entry {
     int code;
     const char *name, *message;
-} g_errors[] = {
+};
+
+/* The entry for `code` in an error table of n entries, or NULL. */
+static const struct err_entry *err_find(const struct err_entry *t, size_t n, int code)
+{
+    for (size_t i = 0; i < n; i++)
+        if (t[i].code == code)
+            return &t[i];
+    return NULL;
+}
+
+static const struct err_entry g_errors[] = {
     {PHXRT_SUCCESS, PREFIX_STR "Success", "no error"},
     {PHXRT_ERR_INVALID_VALUE, PREFIX_STR "ErrorInvalidValue", "invalid argument"},
     {PHXRT_ERR_MEMORY_ALLOCATION, PREFIX_STR "ErrorMemoryAllocation", "out of memory"},
@@ -116,18 +127,14 @@ static const struct {
 
 const char *RT(GetErrorName)(int error)
 {
-    for (size_t i = 0; i < sizeof g_errors / sizeof g_errors[0]; i++)
-        if (g_errors[i].code == error)
-            return g_errors[i].name;
-    return "unrecognized error code";
+    const struct err_entry *e = err_find(g_errors, sizeof g_errors / sizeof g_errors[0], error);
+    return e ? e->name : "unrecognized error code";
 }
 
 const char *RT(GetErrorString)(int error)
 {
-    for (size_t i = 0; i < sizeof g_errors / sizeof g_errors[0]; i++)
-        if (g_errors[i].code == error)
-            return g_errors[i].message;
-    return "unrecognized error code";
+    const struct err_entry *e = err_find(g_errors, sizeof g_errors / sizeof g_errors[0], error);
+    return e ? e->message : "unrecognized error code";
 }
 
 int RT(GetLastError)(void)
@@ -1479,10 +1486,7 @@ enum { CU_NOT_INITIALIZED = 3, CU_NOT_SUPPORTED = 801, CU_MEMORYTYPE_HOST = 1, C
 
 static int g_driver_initialized;
 
-static const struct {
-    int code;
-    const char *name, *message;
-} g_cu_errors[] = {
+static const struct err_entry g_cu_errors[] = {
     {PHXRT_SUCCESS, "CUDA_SUCCESS", "no error"},
     {PHXRT_ERR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
     {CU_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error (" DRIVER_STR "Init was not called)"},
@@ -1576,25 +1580,17 @@ int DRV(GetErrorName)(int error, const char **name)
 {
     if (!name)
         return PHXRT_ERR_INVALID_VALUE;
-    for (size_t i = 0; i < sizeof g_cu_errors / sizeof g_cu_errors[0]; i++)
-        if (g_cu_errors[i].code == error) {
-            *name = g_cu_errors[i].name;
-            return PHXRT_SUCCESS;
-        }
-    *name = NULL;
-    return PHXRT_ERR_INVALID_VALUE;
+    const struct err_entry *e = err_find(g_cu_errors, sizeof g_cu_errors / sizeof g_cu_errors[0], error);
+    *name = e ? e->name : NULL;
+    return e ? PHXRT_SUCCESS : PHXRT_ERR_INVALID_VALUE;
 }
 
 int DRV(GetErrorString)(int error, const char **message)
 {
     if (!message)
         return PHXRT_ERR_INVALID_VALUE;
-    for (size_t i = 0; i < sizeof g_cu_errors / sizeof g_cu_errors[0]; i++)
-        if (g_cu_errors[i].code == error) {
-            *message = g_cu_errors[i].message;
-            return PHXRT_SUCCESS;
-        }
-    *message = NULL;
-    return PHXRT_ERR_INVALID_VALUE;
+    const struct err_entry *e = err_find(g_cu_errors, sizeof g_cu_errors / sizeof g_cu_errors[0], error);
+    *message = e ? e->message : NULL;
+    return e ? PHXRT_SUCCESS : PHXRT_ERR_INVALID_VALUE;
 }
 #endif /* PHXRT_DRIVER_PREFIX */
