@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything the NVIDIA issue needs from the H200 machine, in one call:
-#   benchmarks/h200.sh [stages...]   stages: setup info conformance bench loader lmcache kvtrace  (default: all)
+#   benchmarks/h200.sh [stages...]   stages: setup info conformance bench loader lmcache kvtrace split
+#   (default: all but split; split: benchmarks/h200_diag.py, where random and first warm reads lose time)
 # Builds phoenix there (no network: no build isolation, wheels carried in .whl/),
 # runs the conformance suite for `nvidia`, then `phx bench` on the local disk and on
 # tmpfs. Everything worth keeping is written under $OUT.
@@ -46,6 +47,14 @@ if has diag; then
         > "$OUT/diag.log" 2>&1; echo "diag rc=$?"; grep -E "passed|failed|Timeout|File .*(phoenix|conformance)" "$OUT/diag.log" | head -40
 fi
 
+if has split; then
+    timeout ${PHX_SPLIT_TIMEOUT:-150} python3 -P benchmarks/h200_diag.py rand --file /root/phx-bench.bin --size 8G \
+        --json "$OUT/diag-rand.json" > "$OUT/diag-rand.log" 2>&1; echo "split rand rc=$?"; cut -c1-200 "$OUT/diag-rand.log" | tail -14
+    timeout ${PHX_SPLIT_TIMEOUT:-150} python3 -P benchmarks/h200_diag.py warm --file /dev/shm/phx-bench.bin --size 8G \
+        --json "$OUT/diag-warm.json" > "$OUT/diag-warm.log" 2>&1; echo "split warm rc=$?"; cut -c1-230 "$OUT/diag-warm.log" | tail -12
+    rm -f /dev/shm/phx-bench.bin
+fi
+
 if has bench; then
     DISK=${PHX_BENCH_DIR:-/root}
     SIZE=${PHX_BENCH_SIZE:-8G}
@@ -58,8 +67,14 @@ if has bench; then
 fi
 
 if has loader; then
-    timeout ${PHX_LOADER_TIMEOUT:-90} python3 -P -m phoenix.phxloader bench /root/phx-model.safetensors --device cuda \
-        --make ${PHX_LOADER_SIZE:-4G} --reps 2 --json "$OUT/loader.json" 2>&1 | tail -15
+    # PHX_LOADER_CHUNKS: phoenix chunk sizes to run it with ("default": the settings' own)
+    for C in ${PHX_LOADER_CHUNKS:-default}; do
+        [ "$C" = default ] && unset PHX_CHUNK_SIZE || export PHX_CHUNK_SIZE=$C
+        echo "phxloader, PHX_CHUNK_SIZE=${PHX_CHUNK_SIZE:-default}"
+        timeout ${PHX_LOADER_TIMEOUT:-90} python3 -P -m phoenix.phxloader bench /root/phx-model.safetensors --device cuda \
+            --make ${PHX_LOADER_SIZE:-4G} --reps ${PHX_LOADER_REPS:-2} --json "$OUT/loader-$C.json" 2>&1 | tail -15
+    done
+    unset PHX_CHUNK_SIZE
 fi
 
 if has lmcache; then

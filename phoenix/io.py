@@ -158,7 +158,7 @@ _STAT_FIELDS = (
     "chunks_user", "chunks_staged", "chunks_staged_cpu",
     "io_direct", "io_buffered", "reissues", "direct_fallbacks", "uring_enters",
     "cache_hit_bytes", "cache_misses",
-    "fmap_windows", "fmap_bytes", "fmap_hits", "fmap_misses",
+    "fmap_windows", "fmap_bytes", "fmap_hits", "fmap_misses", "pool_waits", "copy_flushes",
 )
 
 
@@ -874,6 +874,96 @@ class PhxFile:
         """Blocking :meth:`pwrite`: the byte count."""
         return self.pwrite(buf, size, file_offset, buf_offset).result()
 
+    def read_many(self, buf, file_offsets, sizes, buf_offsets=None, *, check: bool = True):
+        """Gather: read many extents of this file into one buffer in one call.
+
+        ``file_offsets``, ``sizes`` and ``buf_offsets`` are sequences or NumPy arrays of
+        the same length (``sizes`` may be one number for all); ``buf_offsets`` defaults to
+        the extents packed in order. The buffer is resolved once, the requests are built
+        by NumPy and handed to the C core in slices (one call each), so a gather of tens of
+        thousands of small blocks (KV-cache pages, random reads) costs no Python per block.
+        Every extent is checked against the buffer before anything is submitted, and
+        against its registration by the core (EFAULT for that extent alone).
+
+        Returns an int64 array of byte counts (short at end of file). With ``check``
+        (default), a failed extent raises :class:`PhxIOError` naming the first failed one
+        and how many failed, after all have finished; without it, its entry is -errno.
+        """
+        return self._many(OP_READ, buf, file_offsets, sizes, buf_offsets, check)
+
+    def write_many(self, buf, file_offsets, sizes, buf_offsets=None, *, check: bool = True):
+        """Scatter: write many extents of one buffer to this file (see :meth:`read_many`)."""
+        return self._many(OP_WRITE, buf, file_offsets, sizes, buf_offsets, check)
+
+    def _many(self, op, buf, file_offsets, sizes, buf_offsets, check):
+        import numpy as np
+
+        what = "read_many" if op == OP_READ else "write_many"
+        fo, sz, bo = _many_arrays(file_offsets, sizes, buf_offsets, self.path, what)
+        n = fo.size
+        out = np.zeros(n, np.int64)
+        live = np.flatnonzero(sz)
+        if not live.size:
+            return out
+        s = _settings.get()
+        engine = _current_engine(s)
+        ends = bo + sz
+        lo_i, hi_i = int(live[np.argmin(bo[live])]), int(live[np.argmax(ends[live])])
+        # the buffer resolved at its lowest and its highest extent: the highest end inside
+        # the buffer puts every extent inside it; one allocation, one kind of memory
+        rs = []
+        try:
+            for i in (lo_i, hi_i):
+                rs.append(_resolve(engine.runtime, buf, int(sz[i]), int(bo[i]), op == OP_READ, self.path,
+                                   int(fo[i]), f"{what} (extent {i} of {n})"))
+            r, e = rs
+            if (r.mem, r.device) != (e.mem, e.device):
+                raise ValueError(f"{what}: the buffer's extents lie in different memory "
+                                 f"({MEM_NAME.get(r.mem)} {r.device} and {MEM_NAME.get(e.mem)} {e.device})")
+            _check_mode(e, s.mode, self.path, int(fo[hi_i]), what)
+            base, span = r.addr - int(bo[lo_i]), int(ends[hi_i] - bo[lo_i])
+            if r.mem == _buffers.MEM_HOST and r.buf is None and \
+                    _lib.phx_mem_probe(r.addr, span) == -_errno.EFAULT:
+                raise extent_error(self.path, int(fo[lo_i]), span,
+                                   f"{what}: [{r.addr:#x}, +{span}) is not accessible memory (freed?)")
+            descs = np.zeros(n, _DESC_DTYPE)
+            descs["addr"] = np.uint64(base) + bo.astype(np.uint64)
+            descs["size"] = sz
+            descs["file_offset"] = fo
+            descs["op"], descs["mem"], descs["device"], descs["mode"] = op, r.mem, r.device, MODE[s.mode]
+            handles = np.zeros(n, np.uint64)
+            h = self._enter()
+            try:
+                descs["file"] = h
+                for a in range(0, n, _MANY_SLICE):  # the first slices run while the next are built
+                    b = min(n, a + _MANY_SLICE)
+                    rc = _lib.phx_submit(engine.handle, descs[a:].ctypes.data_as(ctypes.POINTER(_Desc)), b - a,
+                                         handles[a:].ctypes.data_as(ctypes.POINTER(_P)))
+                    if rc < 0:  # out of memory: the earlier slices are in flight, wait for them
+                        out[a:] = rc
+                        n = a
+                        break
+                hp = handles.ctypes.data_as(ctypes.POINTER(_P))
+                _lib.phx_req_wait_all(hp, n, out.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)), -1)  # no GIL
+                bad = np.flatnonzero(out < 0)
+                err = None
+                if bad.size and check:
+                    k = int(bad[0])
+                    eo, el = ctypes.c_int64(int(fo[k])), ctypes.c_uint64(int(sz[k]))
+                    if handles[k]:
+                        _lib.phx_req_error_extent(_P(int(handles[k])), ctypes.byref(eo), ctypes.byref(el))
+                    err = PhxIOError(int(-out[k]), self.path, eo.value, el.value,
+                                     f"{what}: extent {k} of {fo.size} failed ({bad.size} failed in all)")
+                _lib.phx_req_release_all(hp, n)
+            finally:
+                self._leave()
+        finally:
+            for x in rs:
+                x.release()
+        if err is not None:
+            raise err
+        return out
+
     def _stream(self, op, buf, size, file_offset, buf_offset, stream) -> StreamIO:
         what = "read_async" if op == OP_READ else "write_async"
         s = _settings.get()
@@ -914,6 +1004,57 @@ class PhxFile:
                     stream=0) -> StreamIO:
         """Write ordered on ``stream`` (see :meth:`read_async`)."""
         return self._stream(OP_WRITE, buf, size, file_offset, buf_offset, stream)
+
+
+_MANY_SLICE = 1024  # read_many / write_many: requests per phx_submit
+
+
+def _desc_dtype():
+    import numpy as np
+
+    dt = np.dtype({"names": [f for f, _ in _Desc._fields_],
+                   "formats": ["<u8", "<u8", "<u8", "<i8", "<i4", "<i4", "<i4", "<i4"],
+                   "offsets": [getattr(_Desc, f).offset for f, _ in _Desc._fields_], "itemsize": ctypes.sizeof(_Desc)})
+    return dt
+
+
+_DESC_DTYPE = _desc_dtype()
+
+
+def _many_arrays(file_offsets, sizes, buf_offsets, path, what):
+    """(file offsets, sizes, buffer offsets) as int64 arrays of one length, checked."""
+    import numpy as np
+
+    def arr(x, name):
+        a = np.asarray(x)
+        if a.size == 0:
+            a = a.astype(np.int64)  # [] is float64 to NumPy
+        if a.dtype.kind not in "iub" or a.ndim > 1:
+            raise TypeError(f"{what}: {name} must be integers (a sequence or a 1-D array), got {a.dtype} {a.shape}")
+        if a.dtype.kind == "u" and a.size and int(a.max()) > 2**63 - 1:
+            raise PhxIOError(_errno.EINVAL, path, 0, 0, f"{what}: {name} holds a value past 2**63")
+        return a.astype(np.int64, copy=False)
+
+    fo = arr(file_offsets, "file_offsets").ravel()
+    n = fo.size
+    sz = arr(sizes, "sizes")
+    if sz.ndim == 0:
+        sz = np.full(n, int(sz), np.int64)
+    if sz.size != n:
+        raise ValueError(f"{what}: {n} file offsets but {sz.size} sizes")
+    if buf_offsets is None:
+        bo = np.zeros(n, np.int64)
+        np.cumsum(sz[:-1], out=bo[1:])
+    else:
+        bo = arr(buf_offsets, "buf_offsets").ravel()
+        if bo.size != n:
+            raise ValueError(f"{what}: {n} file offsets but {bo.size} buffer offsets")
+    for a, name in ((fo, "file offset"), (sz, "size"), (bo, "buffer offset")):
+        neg = np.flatnonzero(a < 0)
+        if neg.size:
+            k = int(neg[0])
+            raise PhxIOError(_errno.EINVAL, path, int(fo[k]), int(sz[k]), f"{what}: extent {k}: negative {name}")
+    return fo, sz, bo
 
 
 def open(path, mode: str = "r", *, direct: bool | None = None, sync: bool = False, perm: int = 0o644) -> PhxFile:  # noqa: A001
@@ -1164,7 +1305,9 @@ def stats() -> dict:
     cumulative ones (bytes_read/written, chunks per path, direct/buffered I/Os,
     reissues, O_DIRECT fallbacks, io_uring_enter calls), and the file-mapping cache's
     (fmap_windows and fmap_bytes live: registered now; fmap_hits and fmap_misses: staged
-    reads into device memory served from a registered mapping, or not)."""
+    reads into device memory served from a registered mapping, or not); pool_waits
+    (chunks that waited for a bounce slot) and copy_flushes (completion callbacks launched
+    for staged reads' device copies)."""
     _prune_stream_ops()
     st = _Stats()
     _lib.phx_io_get_stats(ctypes.byref(st))

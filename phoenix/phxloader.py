@@ -5,15 +5,14 @@ file, lets the page cache fault it in, and copies tensor by tensor. phxloader in
 
 * parses the header itself (8-byte little-endian length, JSON: dtype, shape,
   data_offsets per tensor, optional ``__metadata__``), checking every extent;
-* allocates each destination tensor (``torch.empty(shape, dtype, device)``) when its
-  first bytes arrive, so that the allocations overlap with the reads in flight;
-* reads the data sections of all the files as one sequence of large, 4 KiB-aligned
-  chunks (default 64 MiB; adjacent tensors grouped, a tensor may span chunks) into a
-  ring of staging slots (pinned host memory: O_DIRECT lands in it, no bounce), through
-  :mod:`phoenix.io` futures (the C core's workers, without the GIL);
-* copies each chunk's pieces into their tensors (``copy_(..., non_blocking=True)`` on a
-  side stream, the vendor's ``memcpy_async``, or ``memmove`` on the CPU) while the next
-  chunks are being read: a slot is read into again once its copies are done.
+* allocates each destination tensor (``torch.empty(shape, dtype, device)``) in file
+  order and reads its bytes straight into it through :mod:`phoenix.io` (one request per
+  tensor, submitted in groups of about ``chunk`` bytes, ``depth`` groups in flight, so
+  the allocations overlap with the reads): for device memory that is phoenix's staged
+  pipeline (O_DIRECT into pinned bounce slots, the vendor's copy on per-worker streams,
+  the next chunk read while this one is copied) or its direct path, for host memory
+  O_DIRECT in place; all of it in the C core's workers, without the GIL. No staging
+  ring of its own and no second copy.
 
 Destinations (``device``): ``"cuda"`` / ``"cuda:N"`` / a ``torch.device`` (torch), ``"cpu"``
 (torch CPU tensors, or NumPy arrays without torch or with ``framework="numpy"``), and
@@ -35,7 +34,9 @@ uint8 arrays of the same shape), the safetensors dtype in :attr:`LoadedTensors.d
     phxloader.bench("model.safetensors")                                 # vs safetensors and raw O_DIRECT
 
 Settings: the phoenix I/O settings (``PHX_THREADS``, ``PHX_CHUNK_SIZE``, ``PHX_MODE`` ...)
-apply to the reads; ``chunk`` and ``depth`` (slots) are arguments here.
+apply to the reads; ``chunk`` and ``depth`` (submission groups) are arguments here. CUDA
+tensors need phoenix's ``nvidia`` vendor (``PHX_VENDOR=nvidia``, or ``auto`` on a CUDA
+machine): phoenix copies into them itself.
 """
 
 from __future__ import annotations
@@ -44,10 +45,8 @@ import ctypes
 import errno as _errno
 import json
 import math
-import mmap
 import os
 import struct
-import threading
 import time
 from dataclasses import dataclass
 
@@ -60,8 +59,8 @@ __all__ = [
 
 ALIGN = 4096
 MAX_HEADER = 100_000_000  # safetensors' own limit
-DEFAULT_CHUNK = 64 << 20
-DEFAULT_DEPTH = 4
+DEFAULT_CHUNK = 256 << 20  # bytes of tensors per submitted group
+DEFAULT_DEPTH = 8  # groups in flight
 
 
 @dataclass(frozen=True)
@@ -288,102 +287,14 @@ class DeviceArray:
 
 
 class _Sink:
-    """Where tensors go: allocation, staging slots, chunk-piece copies, slot fences."""
+    """Where tensors go: allocation, and the buffer phoenix reads each one into."""
 
     name = "?"
 
     def alloc(self, info: TensorInfo):  # -> (object returned to the user, its address)
         raise NotImplementedError
 
-    def staging(self, nbytes: int):  # -> (object phoenix reads into, its address)
-        raise NotImplementedError
-
-    def copy(self, dst_obj, dst_addr: int, dst_off: int, slot: int, src_addr: int, n: int) -> None:
-        raise NotImplementedError
-
-    def fence(self, slot: int) -> None:
-        """The copies out of ``slot`` queued so far: mark them."""
-
-    def wait(self, slot: int) -> None:
-        """Return once the copies marked for ``slot`` are done (the slot may be read into)."""
-
-    def finish(self) -> None:
-        """Every copy is done: the tensors are ready."""
-
     def close(self) -> None:
-        pass
-
-
-def _memmove(dst: int, src: int, n: int) -> None:
-    ctypes.memmove(dst, src, n)  # a ctypes foreign call: runs without the GIL
-
-
-_pool_lock = threading.Lock()
-_host_pool: list = []  # page-aligned host staging slots kept between loads (first touch is costly)
-_POOL_MAX = 8
-
-
-def _page_aligned(nbytes: int):
-    with _pool_lock:
-        for i, m in enumerate(_host_pool):
-            if len(m) >= nbytes:
-                del _host_pool[i]
-                break
-        else:
-            m = mmap.mmap(-1, max(nbytes, 1))
-    arr = np.frombuffer(m, dtype=np.uint8, count=nbytes)
-    return arr, arr.ctypes.data
-
-
-def _page_aligned_release(arr) -> None:
-    m = arr.base
-    while m is not None and not isinstance(m, mmap.mmap):
-        m = getattr(m, "base", None) if not isinstance(m, memoryview) else m.obj
-    if isinstance(m, mmap.mmap):
-        with _pool_lock:
-            if len(_host_pool) < _POOL_MAX:
-                _host_pool.append(m)
-
-
-_HUGE = 2 << 20
-_reg_pool: list = []  # (mmap, array, addr, nbytes): huge-page slots registered with CUDA, kept between loads
-
-
-def _cuda_registered_slot(torch, nbytes: int):
-    """Staging memory for CUDA loads: anonymous memory on 2 MiB boundaries with transparent
-    huge pages asked for, page-locked with cudaHostRegister (torch's cudart), kept between
-    loads (registration costs ~0.1 s/GiB). Physically contiguous runs keep an O_DIRECT read
-    at a few DMA segments per request (torch's pinned allocator hands out 4 KiB pages, and a
-    virtio or NVMe request takes a bounded number of segments). None if it cannot be had."""
-    with _pool_lock:
-        for i, e in enumerate(_reg_pool):
-            if e[3] >= nbytes:
-                return _reg_pool.pop(i)
-    try:
-        span = (nbytes + _HUGE - 1) // _HUGE * _HUGE
-        m = mmap.mmap(-1, span + _HUGE)
-        base = ctypes.addressof(ctypes.c_char.from_buffer(m))
-        off = (-base) % _HUGE
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            m.madvise(mmap.MADV_HUGEPAGE, off, span)
-        arr = np.frombuffer(m, dtype=np.uint8, count=nbytes, offset=off)
-        addr = base + off
-        rc = torch.cuda.cudart().cudaHostRegister(addr, nbytes, 0)
-        if int(rc) != 0:
-            return None
-        return (m, arr, addr, nbytes)
-    except Exception:
-        return None
-
-
-def _cuda_registered_release(torch, e) -> None:
-    with _pool_lock:
-        if len(_reg_pool) < _POOL_MAX:
-            _reg_pool.append(e)
-            return
-    try:
-        torch.cuda.cudart().cudaHostUnregister(e[2])
-    except Exception:
         pass
 
 
@@ -394,74 +305,33 @@ class _NumpySink(_Sink):
         a = np.empty(info.shape, dtype=numpy_dtype(info.dtype))
         return a, a.ctypes.data
 
-    def staging(self, nbytes):
-        return _page_aligned(nbytes)
-
-    def copy(self, dst_obj, dst_addr, dst_off, slot, src_addr, n):
-        _memmove(dst_addr + dst_off, src_addr, n)
-
 
 class _TorchSink(_Sink):
     def __init__(self, torch, device):
         self.torch = torch
         self.device = device
-        self.cuda = device.type == "cuda"
         self.name = f"torch:{device}"
-        if self.cuda:
-            self.stream = torch.cuda.Stream(device=device)
-            self.events: dict[int, object] = {}
+        if device.type == "cuda":
+            _check_runtime_sees(torch.empty(1, dtype=torch.uint8, device=device), device)
 
     def alloc(self, info):
         t = self.torch.empty(info.shape, dtype=torch_dtype(self.torch, info.dtype), device=self.device)
         return t, t.data_ptr()
 
-    staging_kind = "pageable"
-    _registered: list = []
 
-    def staging(self, nbytes):
-        if self.cuda:
-            e = _cuda_registered_slot(self.torch, nbytes)
-            if e is not None:
-                self._registered = [*self._registered, e]
-                self.staging_kind = "huge pages, cudaHostRegister"
-                return self.torch.from_numpy(e[1]), e[2]
-            self.staging_kind = "torch pinned (pin_memory=True)"
-            t = self.torch.empty(nbytes, dtype=self.torch.uint8, pin_memory=True)
-            return t, t.data_ptr()
-        return _page_aligned(nbytes)
+def _check_runtime_sees(probe, device) -> None:
+    """phoenix reads into CUDA tensors through its vendor runtime: that runtime must know
+    CUDA memory as device memory (PHX_VENDOR=nvidia, or auto on a CUDA machine)."""
+    import importlib
 
-    def close(self):
-        for e in self._registered:
-            _cuda_registered_release(self.torch, e)
-        self._registered = []
+    from .buffers import MEM_HOST, classify
 
-    def copy(self, dst_obj, dst_addr, dst_off, slot, src_addr, n):
-        if not self.cuda:
-            _memmove(dst_addr + dst_off, src_addr, n)
-            return
-        dst = dst_obj.reshape(-1).view(self.torch.uint8)[dst_off:dst_off + n]
-        src = self._slots[slot][src_addr - self._slot_addr[slot]:][:n]
-        with self.torch.cuda.stream(self.stream):
-            dst.copy_(src, non_blocking=True)
-
-    def bind_slots(self, objs, addrs):
-        self._slots, self._slot_addr = objs, addrs
-
-    def fence(self, slot):
-        if self.cuda:
-            ev = self.torch.cuda.Event()
-            ev.record(self.stream)
-            self.events[slot] = ev
-
-    def wait(self, slot):
-        if self.cuda:
-            ev = self.events.pop(slot, None)
-            if ev is not None:
-                ev.synchronize()
-
-    def finish(self):
-        if self.cuda:
-            self.stream.synchronize()
+    rt = importlib.import_module("phoenix.io")._runtime()
+    mem = classify(rt, probe.data_ptr(), 1, "device", device.index)[0] if rt is not None else MEM_HOST
+    if mem == MEM_HOST:
+        name = getattr(rt, "name", None)
+        raise ValueError(f"device {device}: the phoenix vendor runtime {name!r} does not know CUDA memory; "
+                         "select PHX_VENDOR=nvidia (or auto) to load into CUDA tensors")
 
 
 class _VendorSink(_Sink):
@@ -476,8 +346,6 @@ class _VendorSink(_Sink):
             self.addressable = classify(rt, probe, 1 << 16)[0] == MEM_DEVICE_MAPPED
         finally:
             rt.device_free(probe)
-        self.stream = rt.stream_create(ordinal)
-        self.pinned: list[int] = []
 
     def alloc(self, info):
         npd = numpy_dtype(info.dtype)
@@ -489,31 +357,6 @@ class _VendorSink(_Sink):
             carr._phx_owner = mem  # the array's base keeps the allocation alive
             return np.frombuffer(carr, dtype=npd).reshape(info.shape), mem.ptr
         return DeviceArray(mem, info.dtype, info.shape, npd), mem.ptr
-
-    def staging(self, nbytes):
-        ptr = self.rt.host_alloc_pinned(nbytes)
-        self.pinned.append(ptr)
-        return (ptr, nbytes), ptr
-
-    def copy(self, dst_obj, dst_addr, dst_off, slot, src_addr, n):
-        from .vendor import CopyKind
-
-        self.rt.memcpy_async(dst_addr + dst_off, src_addr, n, CopyKind.HOST_TO_DEVICE, self.stream)
-
-    def wait(self, slot):
-        self.rt.stream_synchronize(self.stream)  # (also waits for later slots' copies: they are short)
-
-    def finish(self):
-        self.rt.stream_synchronize(self.stream)
-
-    def close(self):
-        try:
-            self.rt.stream_synchronize(self.stream)
-            self.rt.stream_destroy(self.stream)
-        finally:
-            for p in self.pinned:
-                self.rt.host_free_pinned(p)
-            self.pinned.clear()
 
 
 def _torch():
@@ -554,51 +397,19 @@ def _sink(device, framework: str | None) -> _Sink:
     return _TorchSink(torch, tdev)
 
 
-# ---- planning and the pipeline ------------------------------------------------------------
-
-
-@dataclass
-class _Chunk:
-    file: int
-    offset: int
-    size: int
-    pieces: list  # (key, dst_off, slot_off, n)
-
-
-def _plan(headers: list[Header], chunk: int) -> list[_Chunk]:
-    chunks: list[_Chunk] = []
-    for fi, h in enumerate(headers):
-        ts = sorted((t for t in h.tensors.values() if t.nbytes), key=lambda t: t.begin)
-        if not ts:
-            continue
-        lo = ts[0].begin // ALIGN * ALIGN
-        hi = max(t.end for t in ts)
-        first = len(chunks)
-        start = lo
-        while start < hi:
-            chunks.append(_Chunk(fi, start, min(chunk, hi - start), []))
-            start += chunk
-        for t in ts:
-            pos = t.begin
-            k = first + (t.begin - lo) // chunk
-            while pos < t.end:
-                c = chunks[k]
-                n = min(t.end, c.offset + c.size) - pos
-                c.pieces.append(((fi, t.name), pos - t.begin, pos - c.offset, n))
-                pos += n
-                k += 1
-        chunks[first:] = [c for c in chunks[first:] if c.pieces]  # holes of a chunk or more: not read
-    return chunks
+# ---- the pipeline -----------------------------------------------------------------------------
 
 
 def load(paths, device="cpu", *, framework: str | None = None, chunk: int = DEFAULT_CHUNK,
          depth: int = DEFAULT_DEPTH) -> LoadedTensors:
     """Load one or many safetensors files; name -> tensor (see :class:`LoadedTensors`).
 
-    A tensor name in two files is an error (ValueError). ``chunk`` (bytes, a multiple of
-    4096) and ``depth`` (staging slots, >= 2) shape the pipeline: up to ``depth`` chunks
-    are read or copied at a time, ``chunk * depth`` bytes of staging memory.
+    A tensor name in two files is an error (ValueError). Tensors are allocated in file
+    order and submitted in groups of about ``chunk`` bytes (a positive multiple of 4096),
+    one :func:`phoenix.io.batch` each; at most ``depth`` (>= 1) groups are in flight, so
+    the allocations of a group overlap with the reads of the groups before it.
     """
+    import collections
     import importlib
 
     pio = importlib.import_module("phoenix.io")
@@ -609,8 +420,8 @@ def load(paths, device="cpu", *, framework: str | None = None, chunk: int = DEFA
     paths = [os.fspath(p) for p in paths]
     if chunk <= 0 or chunk % ALIGN:
         raise ValueError(f"chunk {chunk}: a positive multiple of {ALIGN}")
-    if depth < 2:
-        raise ValueError(f"depth {depth}: at least 2 staging slots")
+    if depth < 1:
+        raise ValueError(f"depth {depth}: at least 1 group in flight")
     t0 = time.perf_counter()
     headers = [read_header(p) for p in paths]
     out = LoadedTensors()
@@ -623,90 +434,72 @@ def load(paths, device="cpu", *, framework: str | None = None, chunk: int = DEFA
             if name in owner:
                 raise ValueError(f"tensor {name!r} is in both {owner[name]} and {h.path}")
             owner[name] = h.path
-    # a small file needs no 64 MiB slots: a chunk is at most the largest data section
-    span = max((max(t.end for t in h.tensors.values()) - h.data_start // ALIGN * ALIGN
-                for h in headers if h.tensors), default=0)
-    chunk = min(chunk, max(ALIGN, (span + ALIGN - 1) // ALIGN * ALIGN))
-    plan = _plan(headers, chunk)
-    depth = max(2, min(depth, len(plan)))
 
     sink = _sink(device, framework)
     dst: dict = {}
-    files: list = []
-    slots, slot_addr, regs = [], [], []
-    futs: dict = {}
-    nbytes = 0
-    infos = {(fi, name): t for fi, h in enumerate(headers) for name, t in h.tensors.items()}
+    files: dict = {}
+    inflight: collections.deque = collections.deque()  # [(futures, [(path, offset, size)])]
+    nreq = ngroups = 0
+    spent = {"alloc": 0.0, "submit": 0.0, "wait": 0.0}  # seconds of this thread, for stats
 
-    def dest(key):
-        # destinations are allocated when their first bytes arrive: the allocations
-        # (cudaMalloc for the first load of a model) overlap with the reads in flight
-        d = dst.get(key)
-        if d is None:
-            d = dst[key] = sink.alloc(infos[key])
-        return d
+    def drain_one():
+        futs, meta = inflight.popleft()
+        for fut, (path, off, size) in zip(futs, meta, strict=True):
+            tw = time.perf_counter()
+            got = fut.result()  # PhxIOError for a failed read
+            spent["wait"] += time.perf_counter() - tw
+            if got < size:
+                raise PhxIOError(_errno.EIO, path, off, size,
+                                 f"short read ({got} bytes): the file is shorter than its header says")
 
     try:
-        if plan:
-            for _ in range(depth):
-                obj, addr = sink.staging(chunk)
-                slots.append(obj)
-                slot_addr.append(addr)
-            if isinstance(sink, _TorchSink):
-                sink.bind_slots(slots, slot_addr)
-            for addr in slot_addr:
-                try:  # registered: no pointer query per chunk
-                    pio.register((addr, chunk))
-                    regs.append((addr, chunk))
-                except Exception:
-                    pass
-            files = [pio.open(h.path, "r") for h in headers]
+        reqs, meta, group_bytes = [], [], 0
 
-        def submit(k):
-            c = plan[k]
-            s = k % depth
-            futs[k] = files[c.file].pread((slot_addr[s], chunk), c.size, c.offset)
+        def submit():
+            nonlocal reqs, meta, group_bytes, nreq, ngroups
+            if reqs:
+                ts = time.perf_counter()
+                inflight.append((pio.batch(reqs, wait=False), meta))
+                spent["submit"] += time.perf_counter() - ts
+                nreq, ngroups = nreq + len(reqs), ngroups + 1
+                reqs, meta, group_bytes = [], [], 0
+                while len(inflight) >= depth + 1 or (inflight and inflight[0][0][-1].done()):
+                    drain_one()
 
-        for k in range(min(depth, len(plan))):
-            submit(k)
-        for k, c in enumerate(plan):
-            got = futs.pop(k).result()
-            if got < c.size:
-                raise PhxIOError(_errno.EIO, headers[c.file].path, c.offset, c.size,
-                                 f"short read ({got} bytes): the file is shorter than its header says")
-            s = k % depth
-            base = slot_addr[s]
-            for key, dst_off, slot_off, n in c.pieces:
-                obj, addr = dest(key)
-                sink.copy(obj, addr, dst_off, s, base + slot_off, n)
-            sink.fence(s)
-            # the previous chunk's slot is free once its copies are done: read into it
-            if k >= 1 and k - 1 + depth < len(plan):
-                sink.wait((k - 1) % depth)
-                submit(k - 1 + depth)
-        for key, t in infos.items():  # header order; empty tensors get allocated here
-            out[key[1]] = dest(key)[0]
-            out.dtypes[key[1]] = t.dtype
-            nbytes += t.nbytes
-        sink.finish()
+        for fi, h in enumerate(headers):
+            for t in sorted(h.tensors.values(), key=lambda t: t.begin):
+                ta = time.perf_counter()
+                obj, addr = dst[(fi, t.name)] = sink.alloc(t)
+                spent["alloc"] += time.perf_counter() - ta
+                if not t.nbytes:
+                    continue
+                f = files.get(fi)
+                if f is None:
+                    f = files[fi] = pio.open(h.path, "r")
+                reqs.append((f, (addr, t.nbytes), t.nbytes, t.begin, 0, "read"))
+                meta.append((h.path, t.begin, t.nbytes))
+                group_bytes += t.nbytes
+                if group_bytes >= chunk:
+                    submit()
+        submit()
+        while inflight:
+            drain_one()
     finally:
-        for f in futs.values():
-            f.exception()  # wait: the slots must outlive the reads
-        try:
-            sink.finish()
-        except Exception:
-            pass
-        for r in regs:
-            pio.deregister(r)
-        for f in files:
+        for futs, _ in inflight:  # a failure: wait for the reads still landing in the tensors
+            for fut in futs:
+                fut.exception()
+        for f in files.values():
             f.close()
         sink.close()
-        for obj in slots:
-            if isinstance(obj, np.ndarray):
-                _page_aligned_release(obj)
-    out.stats = {"bytes": nbytes, "seconds": time.perf_counter() - t0, "chunks": len(plan), "chunk": chunk,
-                 "depth": depth, "sink": sink.name, "files": len(paths),
-                 "staging": getattr(sink, "staging_kind", "")}
+    nbytes = 0
+    for fi, h in enumerate(headers):  # header order
+        for name, t in h.tensors.items():
+            out[name] = dst[(fi, name)][0]
+            out.dtypes[name] = t.dtype
+            nbytes += t.nbytes
+    out.stats = {"bytes": nbytes, "seconds": time.perf_counter() - t0, "requests": nreq, "groups": ngroups,
+                 "chunk": chunk, "depth": depth, "sink": sink.name, "files": len(paths),
+                 **{f"{k}_seconds": round(v, 4) for k, v in spent.items()}}
     return out
 
 
@@ -759,9 +552,12 @@ def bench(path, device="cuda", reps: int = 3, *, chunk: int = DEFAULT_CHUNK, dep
             raise OSError(-n, f"raw O_DIRECT read: {err.value.decode()}")
         return n
 
+    last_stats: dict = {}
+
     def phx():
         sd = load_file(path, device, chunk=chunk, depth=depth)
         sync()
+        last_stats.update(sd.stats)
         return sd.stats["bytes"]
 
     def st():
@@ -774,6 +570,9 @@ def bench(path, device="cuda", reps: int = 3, *, chunk: int = DEFAULT_CHUNK, dep
         return n
 
     impls = [("raw_odirect_cold", raw, False), ("phxloader_cold", phx, False), ("phxloader_warm", phx, True)]
+    import importlib
+
+    importlib.import_module("phoenix.io").prepare()  # the worker pool and its pinned bounce slots, untimed
     try:
         import safetensors.torch  # noqa: F401
 
@@ -782,6 +581,7 @@ def bench(path, device="cuda", reps: int = 3, *, chunk: int = DEFAULT_CHUNK, dep
     except ImportError:
         pass
     runs: dict = {name: [] for name, _, _ in impls}
+    stats_of: dict = {}  # phxloader's own stats per repetition
     nbytes: dict = {}
     for _ in range(reps):
         for name, fn, warm in impls:
@@ -794,11 +594,15 @@ def bench(path, device="cuda", reps: int = 3, *, chunk: int = DEFAULT_CHUNK, dep
             t0 = time.perf_counter()
             nbytes[name] = fn()
             runs[name].append(time.perf_counter() - t0)
+            if fn is phx:
+                stats_of.setdefault(name, []).append(dict(last_stats))
     res: dict = {"file": path, "size": size, "device": str(device), "reps": reps, "chunk": chunk, "depth": depth,
                  "raw_threads": threads, "cache_drop": pb.drop_cache(path)}
     for name in runs:
         med = statistics.median(runs[name])
         res[name] = {"gbps": nbytes[name] / med / 1e9, "seconds": runs[name], "bytes": nbytes[name]}
+        if name in stats_of:
+            res[name]["stats"] = stats_of[name]
     ratios = {"phxloader_cold / raw_odirect_cold": res["phxloader_cold"]["gbps"] / res["raw_odirect_cold"]["gbps"]}
     if "safetensors_cold" in res:
         ratios["phxloader_cold / safetensors_cold"] = res["phxloader_cold"]["gbps"] / res["safetensors_cold"]["gbps"]
@@ -810,6 +614,9 @@ def bench(path, device="cuda", reps: int = 3, *, chunk: int = DEFAULT_CHUNK, dep
             print(f"  {name:20s} {res[name]['gbps']:8.2f} GB/s   " + " ".join(f"{s:.3f}" for s in runs[name]) + " s")
         for k, v in ratios.items():
             print(f"  {k:36s} {v:.3f}")
+        for st in res["phxloader_cold"].get("stats", []):
+            print("  phxloader_cold: " + ", ".join(f"{k} {st[k]}" for k in ("requests", "alloc_seconds", "submit_seconds",
+                                                                        "wait_seconds", "seconds") if k in st))
     return res
 
 
@@ -846,8 +653,9 @@ def main(argv=None) -> int:
     b.add_argument("file")
     b.add_argument("--device", default="cuda")
     b.add_argument("--reps", type=int, default=3)
-    b.add_argument("--chunk", type=parse_size, default=DEFAULT_CHUNK, help="staging slot size (default 64M)")
-    b.add_argument("--depth", type=int, default=DEFAULT_DEPTH)
+    b.add_argument("--chunk", type=parse_size, default=DEFAULT_CHUNK,
+                   help="bytes of tensors allocated and submitted per group (default 256M)")
+    b.add_argument("--depth", type=int, default=DEFAULT_DEPTH, help="groups in flight (default 8)")
     b.add_argument("--make", metavar="SIZE", help="first write a multi-dtype file of SIZE (e.g. 8G) if absent")
     b.add_argument("--json", metavar="OUT", help="also write the result as JSON")
     a = p.parse_args(argv)

@@ -58,6 +58,7 @@ void phx_io_get_stats(struct phx_io_stats *o)
     S(io_direct); S(io_buffered); S(reissues); S(direct_fallbacks); S(uring_enters);
     S(cache_hit_bytes); S(cache_misses);
     S(fmap_windows); S(fmap_bytes); S(fmap_hits); S(fmap_misses);
+    S(pool_waits); S(copy_flushes);
 #undef S
 }
 
@@ -365,7 +366,9 @@ static void cb_read_copied_list(void *arg)
 /* Launch one completion callback per device for the staged reads whose copies this worker
  * queued since the last flush. A host callback per chunk costs the runtime's callback
  * thread ~tens of microseconds each: at 64 KiB random reads it was the bottleneck; here a
- * worker's completions of one reap share one. Called before the worker sleeps. */
+ * worker's completions of one reap share one. Called before the worker sleeps, and as
+ * soon as IO_FLUSH_BYTES are queued (large chunks: their slots come back one by one, not
+ * after the worker's whole round of reads, which for page-cache reads run inline). */
 static void flush_copies(struct io_worker *w)
 {
     const struct phx_dp_table *dp = &w->ctx->dp;
@@ -374,9 +377,11 @@ static void flush_copies(struct io_worker *w)
         if (!list)
             continue;
         w->copied[d] = NULL;
+        w->copied_bytes[d] = 0;
         void *stream = w->streams[d];
         if (w->cur_dev != d && dp->set_device(d) == dp->success)
             w->cur_dev = d;
+        STAT_ADD(copy_flushes, 1);
         if (dp->launch_host_func(stream, cb_read_copied_list, list) != dp->success) {
             int ok = dp->stream_synchronize(stream) == dp->success;
             for (struct io_chunk *c = list; c; c = c->next)
@@ -687,6 +692,9 @@ static void chunk_io_done(struct io_worker *w, struct io_chunk *ch)
         if (queue_dev_copy(w, ch, 1)) {
             ch->next = w->copied[r->device];
             w->copied[r->device] = ch;
+            w->copied_bytes[r->device] += got;
+            if (w->copied_bytes[r->device] >= IO_FLUSH_BYTES)
+                flush_copies(w);
             return; /* cb_read_copied_list frees the slot and finishes the chunk */
         }
         ch->err = EIO;
@@ -731,6 +739,7 @@ static void chunk_fail(struct io_worker *w, struct io_chunk *ch, int err)
 
 static void park(struct io_worker *w, struct io_chunk *ch)
 {
+    STAT_ADD(pool_waits, 1);
     ch->next = NULL;
     if (w->parked_tail)
         w->parked_tail->next = ch;

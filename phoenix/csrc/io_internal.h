@@ -40,6 +40,7 @@
  * keep a disk busy; deeper queues of large chunks only add contention. Small random
  * reads are bounded by queue_depth instead. */
 #define IO_WORKER_BYTES (64ull << 20)
+#define IO_FLUSH_BYTES (4ull << 20)     /* staged-read copies queued before their callback is launched */
 
 /* ---- counters (phx_io_get_stats) ---- */
 struct io_counters {
@@ -50,6 +51,7 @@ struct io_counters {
     _Atomic int64_t io_direct, io_buffered, reissues, direct_fallbacks, uring_enters;
     _Atomic int64_t cache_hit_bytes, cache_misses;
     _Atomic int64_t fmap_windows, fmap_bytes, fmap_hits, fmap_misses;
+    _Atomic int64_t pool_waits, copy_flushes;
 };
 extern struct io_counters io_stats;
 #define STAT_ADD(field, v) atomic_fetch_add_explicit(&io_stats.field, (v), memory_order_relaxed)
@@ -292,6 +294,7 @@ struct io_worker {
     /* staged reads whose device copy is queued on streams[d] and whose completion
      * callback is not yet launched: one launch_host_func per batch (flush_copies) */
     struct io_chunk *copied[IO_MAX_DEVICES];
+    uint64_t copied_bytes[IO_MAX_DEVICES]; /* ... their bytes: flushed early past IO_FLUSH_BYTES */
     int cur_dev;
     void *start;             /* startup handshake with phx_ctx_create */
 };

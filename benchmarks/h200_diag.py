@@ -1,0 +1,176 @@
+"""Separating the two H200 misses of issue 4 (run 4): where random reads and the first warm
+read lose their time. Run on the GPU machine with phoenix installed (benchmarks/h200.sh
+setup), PHX_VENDOR=nvidia:
+
+    python3 -P benchmarks/h200_diag.py rand --file /root/phx-bench.bin --json rand.json
+    python3 -P benchmarks/h200_diag.py warm --file /dev/shm/phx-bench.bin --json warm.json
+
+rand: 64 KiB random reads at 64 in flight, cold, each variant after a cache drop: the raw
+O_DIRECT reference (C threads), phoenix read_many into device memory (C submission),
+phoenix batch() into device memory (a Python tuple per read), phoenix read_many into host
+memory (the same I/O, no device copies), and read_many with 64 workers x 1, 8 x 8, and 64 workers of the threads engine.
+
+warm: reads of a file in tmpfs into device memory, 16 MiB chunks: the staged path alone
+(fmap off) three times in a row, with 16 and 32 workers; then the default (fmap auto):
+the first read (staged, its windows registered afterwards) and the read after it (from
+the registered mapping); every figure with the I/O stack's counters (bounce-slot waits,
+completion callbacks, page-cache hits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import resource
+import sys
+import time
+
+import numpy as np
+
+import phoenix.io as pio
+import phoenix.settings as ps
+from phoenix import bench as pb
+from phoenix._core import core
+from phoenix.registry import get_runtime
+
+GB = 1e9
+
+
+def cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def stats_delta(before: dict) -> dict:
+    now = pio.stats()
+    keys = ("pool_waits", "copy_flushes", "cache_hit_bytes", "chunks_staged", "io_buffered", "io_direct", "fmap_hits",
+            "fmap_misses")
+    return {k: now[k] - before[k] for k in keys}
+
+
+def timed(fn):
+    s0, c0, t0 = pio.stats(), cpu_s(), time.perf_counter()
+    n = fn()
+    t1, c1 = time.perf_counter(), cpu_s()
+    return n, t1 - t0, c1 - c0, stats_delta(s0)
+
+
+def rand(a) -> list[dict]:
+    rt = get_runtime()
+    size = pb.parse_size(a.size)
+    pb.prepare_file(a.file, size)
+    bs, qd, nops = 64 << 10, 64, a.nops
+    span = 4096 * bs  # 256 MiB of destination, reused round robin
+    dev = rt.device_alloc(span)
+    host = np.empty(span + 4096, np.uint8)
+    host.fill(0x5A)  # touched: no first-touch faults in the timed reads
+    hoff = (-host.ctypes.data) % 4096
+    host_buf = (host.ctypes.data + hoff, span)
+    lib = core()
+    lib.phxbench_raw.restype = ctypes.c_int64
+    lib.phxbench_raw.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_size_t,
+                                 ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+    rng = np.random.default_rng(42)
+    offs = rng.integers(0, size // bs, nops) * bs
+    bufo = (np.arange(nops) % 4096) * bs
+    out = []
+
+    def raw():
+        err = ctypes.create_string_buffer(256)
+        n = lib.phxbench_raw(a.file.encode(), 0, 1, size, bs, qd, nops, 1, err, 256)
+        if n < 0:
+            raise OSError(-n, err.value.decode())
+        return n
+
+    def many(buf, workers, engine="auto"):
+        def go():
+            with ps.override(threads=workers, queue_depth=qd // workers, engine=engine), pio.open(a.file, "r") as f:
+                r = f.read_many(buf, offs, bs, bufo)
+            assert (r == bs).all()
+            return int(r.sum())
+        return go
+
+    def per_request(workers):
+        def go():
+            with ps.override(threads=workers, queue_depth=qd // workers), pio.open(a.file, "r") as f:
+                reqs = [(f, (dev + int(b), bs), bs, int(o), 0, "read") for o, b in zip(offs, bufo, strict=True)]
+                r = pio.batch(reqs)
+            assert all(x == bs for x in r)
+            return nops * bs
+        return go
+
+    variants = [("raw_odirect", raw), ("read_many_dev_16x4", many((dev, span), 16)),
+                ("batch_dev_16x4", per_request(16)), ("read_many_host_16x4", many(host_buf, 16)),
+                ("read_many_dev_64x1", many((dev, span), 64)), ("read_many_dev_8x8", many((dev, span), 8)),
+                ("read_many_dev_64_threads_engine", many((dev, span), 64, "threads"))]
+    for wk, engine in ((16, "auto"), (64, "auto"), (8, "auto"), (64, "threads")):  # pools made before timing
+        with ps.override(threads=wk, queue_depth=qd // wk, engine=engine):
+            pio.prepare()
+    for rep in range(a.reps):
+        for name, fn in variants:
+            pb.drop_cache(a.file)
+            n, secs, cpu, st = timed(fn)
+            rec = {"test": "rand", "variant": name, "rep": rep, "iops": nops / secs, "gbps": n / secs / GB,
+                   "cpu_s": cpu, "cpu_cores": cpu / secs, "stats": st}
+            out.append(rec)
+            print(f"rand {name:22s} rep {rep}: {rec['iops']:9.0f} IOPS  {rec['cpu_cores']:.2f} cores  {st}", flush=True)
+    rt.device_free(dev)
+    return out
+
+
+def warm(a) -> list[dict]:
+    rt = get_runtime()
+    size = pb.parse_size(a.size)
+    pb.prepare_file(a.file, size)
+    pb.warm_cache(a.file, size)
+    dev = rt.device_alloc(size)
+    out = []
+
+    def read(threads, chunk):
+        def go():
+            with ps.override(threads=threads, chunk_size=chunk), pio.open(a.file, "r") as f:
+                return f.read((dev, size), size, 0, 0)
+        return go
+
+    def run(label, threads, chunk, reps, fmap_mode):
+        with ps.override(fmap_mode=fmap_mode, threads=threads, chunk_size=chunk):
+            pio.prepare()
+            for rep in range(reps):
+                n, secs, cpu, st = timed(read(threads, chunk))
+                rec = {"test": "warm", "variant": label, "rep": rep, "threads": threads, "chunk": chunk,
+                       "fmap_mode": fmap_mode, "gbps": n / secs / GB, "cpu_s_per_gb": cpu / (n / GB), "stats": st}
+                out.append(rec)
+                print(f"warm {label:24s} rep {rep}: {rec['gbps']:6.2f} GB/s  {rec['cpu_s_per_gb']:.3f} CPU s/GB  {st}",
+                      flush=True)
+                if fmap_mode == "auto":
+                    pio.fmap_wait(30)
+
+    run("staged_16thr_16M", 16, 16 << 20, 3, "off")
+    run("staged_32thr_16M", 32, 16 << 20, 2, "off")
+    run("staged_16thr_4M", 16, 4 << 20, 2, "off")
+    pio.fmap_clear()
+    run("fmap_auto_16thr_16M", 16, 16 << 20, 2, "auto")  # rep 0: the first read; rep 1: from the mapping
+    rt.device_free(dev)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("what", choices=["rand", "warm"])
+    p.add_argument("--file", required=True)
+    p.add_argument("--size", default="8G")
+    p.add_argument("--nops", type=int, default=60000)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--json")
+    a = p.parse_args()
+    recs = rand(a) if a.what == "rand" else warm(a)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(recs, f, indent=1)
+    pio.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
