@@ -159,7 +159,6 @@ _STAT_FIELDS = (
     "io_direct", "io_buffered", "reissues", "direct_fallbacks", "uring_enters",
     "cache_hit_bytes", "cache_misses",
     "fmap_windows", "fmap_bytes", "fmap_hits", "fmap_misses", "pool_waits", "copy_flushes",
-    "cached_pieces",
 )
 
 
@@ -1307,9 +1306,8 @@ def stats() -> dict:
     reissues, O_DIRECT fallbacks, io_uring_enter calls), and the file-mapping cache's
     (fmap_windows and fmap_bytes live: registered now; fmap_hits and fmap_misses: staged
     reads into device memory served from a registered mapping, or not); pool_waits
-    (chunks that waited for a bounce slot), copy_flushes (completion callbacks launched
-    for staged reads' device copies) and cached_pieces (pieces of page-cache reads into
-    device memory whose copy was queued as each was read)."""
+    (chunks that waited for a bounce slot) and copy_flushes (completion callbacks launched
+    for staged reads' device copies)."""
     _prune_stream_ops()
     st = _Stats()
     _lib.phx_io_get_stats(ctypes.byref(st))

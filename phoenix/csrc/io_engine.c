@@ -58,7 +58,7 @@ void phx_io_get_stats(struct phx_io_stats *o)
     S(io_direct); S(io_buffered); S(reissues); S(direct_fallbacks); S(uring_enters);
     S(cache_hit_bytes); S(cache_misses);
     S(fmap_windows); S(fmap_bytes); S(fmap_hits); S(fmap_misses);
-    S(pool_waits); S(copy_flushes); S(cached_pieces);
+    S(pool_waits); S(copy_flushes);
 #undef S
 }
 
@@ -416,16 +416,9 @@ static void *queue_dev_copy(struct io_worker *w, struct io_chunk *ch, int to_dev
     if (!stream)
         return NULL;
     char *slot = ch->slot + ch->slot_off;
-    if (to_device) {
-        /* the bytes read, less those whose copy went out piece by piece (sub_run_pieces);
-         * after a failed read only the pieces already queued (the slot lives until they ran) */
-        uint64_t from = ch->dev_copied, to = ch->err ? from : ch->got;
-        if (to <= from)
-            return stream;
-        return dp->memcpy_async(ch->user + from, slot + from, to - from, dp->kind_h2d, stream) == dp->success
-                   ? stream : NULL;
-    }
-    return dp->memcpy_async(slot, ch->user, ch->len, dp->kind_d2h, stream) == dp->success ? stream : NULL;
+    int rc = to_device ? dp->memcpy_async(ch->user, slot, ch->got, dp->kind_h2d, stream)
+                       : dp->memcpy_async(slot, ch->user, ch->len, dp->kind_d2h, stream);
+    return rc == dp->success ? stream : NULL;
 }
 
 /* A staged write: queue the copy of the chunk from device memory into its slot, then `cb`.
@@ -601,68 +594,10 @@ static void sub_done(struct io_worker *w, struct io_sub *s, int64_t res)
         chunk_io_done(w, ch);
 }
 
-/* A staged read into device memory of cached pages (one sub: the whole chunk): pread a
- * piece into the slot, queue its device copy at once, pread the next. The copy engine
- * reads each piece while it is still in the CPU's caches, and the copies overlap the
- * preads: on the H200 a first warm read of 16 MiB chunks read and copied whole moved the
- * data through DRAM three times (page cache -> slot -> device). Completion as sub_done. */
-static void sub_run_pieces(struct io_worker *w, struct io_sub *s)
-{
-    struct io_chunk *ch = s->ch;
-    phx_file *f = ch->req->file;
-    const struct phx_dp_table *dp = &w->ctx->dp;
-    void *stream = worker_stream(w, ch->req->device);
-    uint64_t piece = w->ctx->cached_piece, user0 = s->rel - ch->slot_off; /* user offset of the sub */
-    int64_t res = 0;
-    while (s->done < s->len) {
-        uint64_t want = s->len - s->done < piece ? s->len - s->done : piece;
-        ssize_t n = pread(f->fd_buf, s->buf + s->done, want, s->off + (off_t)s->done);
-        if (n < 0 && (errno == EINTR || errno == EAGAIN))
-            continue;
-        if (n <= 0) {
-            res = n < 0 ? -errno : 0;
-            break;
-        }
-        /* the user bytes are contiguous from the chunk's start: queue what this piece ends */
-        uint64_t end = user0 + s->done + (uint64_t)n;
-        if (stream && ch->dev_copied == user0 + s->done) {
-            if (dp->memcpy_async(ch->user + ch->dev_copied, ch->slot + ch->slot_off + ch->dev_copied,
-                                 end - ch->dev_copied, dp->kind_h2d, stream) == dp->success) {
-                ch->dev_copied = end;
-                STAT_ADD(cached_pieces, 1);
-            }
-            else
-                stream = NULL; /* the rest is copied (or fails) in chunk_io_done */
-        }
-        s->done += (uint64_t)n; /* (a short read: the next one says 0 at the end of the file) */
-    }
-    if (res < 0)
-        s->err = (int)-res;
-    s->finished = 1;
-    if (--ch->subs_left == 0)
-        chunk_io_done(w, ch);
-}
-
-/* Piece by piece: a whole-chunk buffered staged read into device memory of pages that are
- * cached: the probe said so, or the file takes no O_DIRECT at all (tmpfs, where every page
- * is in memory). */
-static int sub_pieces_ok(struct io_worker *w, struct io_sub *s)
-{
-    struct io_chunk *ch = s->ch;
-    phx_file *f = ch->req->file;
-    return !s->direct && ch->nsub == 1 && ch->path == CH_STAGED_DEV && ch->req->op == PHX_OP_READ && s->done == 0 &&
-           w->ctx->cached_piece && w->ctx->cached_piece < s->len &&
-           (s->cached || !atomic_load_explicit(&f->direct_ok, memory_order_relaxed)) && !file_fault(f, s->off, s->len);
-}
-
 static void sub_run_sync(struct io_worker *w, struct io_sub *s)
 {
     struct io_chunk *ch = s->ch;
     phx_file *f = ch->req->file;
-    if (sub_pieces_ok(w, s)) {
-        sub_run_pieces(w, s);
-        return;
-    }
     int fd = s->direct ? f->fd_direct : f->fd_buf;
     uint64_t len = s->len - s->done;
     if (len > IO_MAX_CHUNK)
@@ -699,7 +634,7 @@ static void sub_issue(struct io_worker *w, struct io_sub *s)
         w->sync_tail = s;
         return;
     }
-    if (s->cached || sub_pieces_ok(w, s)) {
+    if (s->cached) {
         /* a read of cached pages is a memory copy: done here by this worker (as the
          * threads engine does), not through the ring, where a buffered read the kernel
          * cannot finish without blocking is handed to its io-wq threads */
@@ -751,9 +686,9 @@ static void chunk_io_done(struct io_worker *w, struct io_chunk *ch)
     if (ch->path == CH_STAGED_CPU) {
         if (r->op == PHX_OP_READ && !err && got)
             memcpy(ch->user, ch->slot + ch->slot_off, got);
-    } else if (ch->path == CH_STAGED_DEV && r->op == PHX_OP_READ && ((!err && got) || ch->dev_copied)) {
-        /* the copy (of what is left) is queued now; its completion callback is launched
-         * with the others of this round by flush_copies (before the worker sleeps) */
+    } else if (ch->path == CH_STAGED_DEV && r->op == PHX_OP_READ && !err && got) {
+        /* the copy is queued now; its completion callback is launched with the others
+         * of this round by flush_copies (before the worker sleeps) */
         if (queue_dev_copy(w, ch, 1)) {
             ch->next = w->copied[r->device];
             w->copied[r->device] = ch;
@@ -762,8 +697,6 @@ static void chunk_io_done(struct io_worker *w, struct io_chunk *ch)
                 flush_copies(w);
             return; /* cb_read_copied_list frees the slot and finishes the chunk */
         }
-        if (ch->dev_copied) /* pieces already queued read from the slot: let them finish */
-            w->ctx->dp.stream_synchronize(w->streams[r->device]);
         ch->err = EIO;
         ch->got = 0;
     }
@@ -832,7 +765,6 @@ static void chunk_start(struct io_worker *w, struct io_chunk *ch)
         }
     }
     char *base = ch->path == CH_USER ? ch->user : ch->slot;
-    ch->dev_copied = 0;
     for (int i = 0; i < ch->nsub; i++) {
         struct io_sub *s = &ch->sub[i];
         s->buf = base + s->rel;
@@ -1106,9 +1038,6 @@ static int ctx_create_engine(const struct phx_io_config *cfg, const struct phx_d
         ctx->has_dp = 1;
     }
     ctx->chunk = cfg->chunk_size;
-    /* a tuning knob for measurements, not a setting: bytes per piece (0: whole chunks) */
-    const char *piece = getenv("PHX_CACHED_PIECE");
-    ctx->cached_piece = piece ? align_up(strtoull(piece, NULL, 0), 4096) : IO_CACHED_PIECE;
     fmap_init(ctx);
     /* bounce pool 0 = auto: four slots per worker (one being read, the others waiting for
      * or in their device copy and its completion callback), so that no worker waits for a

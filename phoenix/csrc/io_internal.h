@@ -40,8 +40,7 @@
  * keep a disk busy; deeper queues of large chunks only add contention. Small random
  * reads are bounded by queue_depth instead. */
 #define IO_WORKER_BYTES (64ull << 20)
-#define IO_FLUSH_BYTES (4ull << 20)
-#define IO_CACHED_PIECE (2ull << 20)    /* default ctx->cached_piece (PHX_CACHED_PIECE) */     /* staged-read copies queued before their callback is launched */
+#define IO_FLUSH_BYTES (4ull << 20)     /* staged-read copies queued before their callback is launched */
 
 /* ---- counters (phx_io_get_stats) ---- */
 struct io_counters {
@@ -52,7 +51,7 @@ struct io_counters {
     _Atomic int64_t io_direct, io_buffered, reissues, direct_fallbacks, uring_enters;
     _Atomic int64_t cache_hit_bytes, cache_misses;
     _Atomic int64_t fmap_windows, fmap_bytes, fmap_hits, fmap_misses;
-    _Atomic int64_t pool_waits, copy_flushes, cached_pieces;
+    _Atomic int64_t pool_waits, copy_flushes;
 };
 extern struct io_counters io_stats;
 #define STAT_ADD(field, v) atomic_fetch_add_explicit(&io_stats.field, (v), memory_order_relaxed)
@@ -174,7 +173,6 @@ struct io_chunk {
     uint8_t path, nsub, subs_left;
     int err;
     uint64_t got;
-    uint64_t dev_copied;   /* staged read: user bytes whose device copy is already queued */
     struct io_fwin *win;   /* CH_FMAP: the registered window this piece copies from */
     struct io_sub sub[3];
 };
@@ -307,7 +305,6 @@ struct phx_ctx {
     int has_dp;
     struct phx_dp_table dp;
     uint64_t chunk, stage_chunk;
-    uint64_t cached_piece;    /* page-cache reads into device memory: pread + copy per piece */
     struct io_pool pool;
     pthread_mutex_t qmu;
     struct io_chunk *q_head, *q_tail;

@@ -272,9 +272,8 @@ struct phx_io_stats {
     int64_t cache_hit_bytes, cache_misses; /* page-cache probes (cachestat) of O_DIRECT reads */
     /* file-mapping cache: live windows and bytes registered; requests served by it or not */
     int64_t fmap_windows, fmap_bytes, fmap_hits, fmap_misses;
-    /* chunks that waited for a bounce slot; completion callbacks launched for staged reads;
-     * pieces of cached staged reads whose device copy was queued as each was read */
-    int64_t pool_waits, copy_flushes, cached_pieces;
+    /* chunks that waited for a bounce slot; completion callbacks launched for staged reads */
+    int64_t pool_waits, copy_flushes;
 };
 void phx_io_get_stats(struct phx_io_stats *out);
 
