@@ -59,7 +59,7 @@ if has bench; then
     DISK=${PHX_BENCH_DIR:-/root}
     SIZE=${PHX_BENCH_SIZE:-8G}
     timeout ${PHX_COLD_TIMEOUT:-200} phx bench --file "$DISK/phx-bench.bin" --size "$SIZE" --threads ${PHX_BENCH_THREADS:-16} --chunk 16M \
-        --ops read,write,randread --temperature cold --reps ${PHX_BENCH_REPS:-2} --quiet \
+        --ops read,write,randread --random-ops ${PHX_RANDOM_OPS:-60000} --temperature cold --reps ${PHX_BENCH_REPS:-2} --quiet \
         --json "$OUT/bench-disk.json" --plot "$OUT/bench-disk.png"
     timeout ${PHX_WARM_TIMEOUT:-100} phx bench --file /dev/shm/phx-bench.bin --size "$SIZE" --threads ${PHX_BENCH_WARM_THREADS:-16} --chunk 16M \
         --ops read --temperature warm --reps 3 --quiet --json "$OUT/bench-warm.json" --plot "$OUT/bench-warm.png"
