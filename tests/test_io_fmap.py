@@ -429,3 +429,30 @@ def test_registration_waits_until_the_context_is_idle(rt, dev, tmp_path):
         gate.value = 1
         rt.stream_synchronize(s)
         rt.stream_destroy(s)
+
+
+def test_window_with_holes_between_the_samples_is_not_registered(rt, dev, tmp_path):
+    """The submit path judges a large window's residency from eight 1 MiB samples; the
+    registrar checks every page before it maps the window (MAP_POPULATE would read the
+    missing pages from the disk). A 64 MiB window whose samples are cached but whose pages
+    between them are not: queued, then dropped, never registered; the bytes read are right."""
+    win, mib = 64 << 20, 1 << 20
+    path = tmp_path / "holes.bin"
+    data = make_file(path, win)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        step = (win - mib) // 7  # where the samples are (phoenix/csrc/io_fmap.c, resident_sampled)
+        for i in range(7):  # evict most of each gap between two samples
+            os.posix_fadvise(fd, i * step + mib + 65536, step - mib - 131072, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    d = dev(win)
+    with fmap(fmap_mode="auto", fmap_window=win, chunk_size="1M"), pio.open(path) as f:
+        st0 = pio.stats()
+        assert f.read(d.buf(), win, 0, 0) == win
+        assert pio.stats()["fmap_misses"] == st0["fmap_misses"] + 1
+        assert pio.fmap_wait(timeout=30)
+        info = pio.fmap_info()
+        assert info["windows"] == 0 and info["pending"] == 0, info
+    np.testing.assert_array_equal(d.get(), data)
