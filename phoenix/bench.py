@@ -324,7 +324,7 @@ def run(args) -> list[dict]:
                 continue
             for t in threads_list:
                 plan.append((temp, op, t))
-    progress.total = len(plan) * (4 if kv_ok else 3) * args.reps + ("randread" in ops) * 3 + (b.vendor != "host")
+    progress.total = len(plan) * (4 if kv_ok else 3) * args.reps + ("randread" in ops) * 3 * args.reps + (b.vendor != "host")
     try:
         prepare_file(args.file, size)
         for temp, op, threads in plan:
@@ -381,17 +381,22 @@ def run(args) -> list[dict]:
             bs, qd = args.random_bs, args.qd
             nops = max(qd * 16, min(args.random_ops, size // bs * 4))
             b.prepare_rep = lambda: drop_cache(args.file)
-            progress.step(f"random read {bs >> 10} KiB raw_odirect qd={qd}")
-            nbytes, secs, cpu, _ = b.timed(lambda: b._raw(False, True, size, bs, qd, nops), args.reps)
-            b.record("randread", "raw_odirect", False, nbytes, secs, cpu, qd, bs, iops=nops / secs)
-            progress.step(f"random read {bs >> 10} KiB phoenix qd={qd}")
-            nbytes, secs, cpu, _ = b.timed(lambda: b._phoenix_random(size, bs, qd, nops), args.reps)
-            b.record("randread", "phoenix", False, nbytes, secs, cpu, qd, bs, iops=nops / secs,
-                     workers=max(1, min(qd, args.random_threads)), api="read_many")
-            progress.step(f"random read {bs >> 10} KiB phoenix batch() qd={qd}")
-            nbytes, secs, cpu, _ = b.timed(lambda: b._phoenix_random(size, bs, qd, nops, per_request=True), args.reps)
-            b.record("randread", "phoenix_batch", False, nbytes, secs, cpu, qd, bs, iops=nops / secs,
-                     workers=max(1, min(qd, args.random_threads)), api="batch")
+            workers = max(1, min(qd, args.random_threads))
+            rimpls = [("raw_odirect", lambda: b._raw(False, True, size, bs, qd, nops), {}),
+                      ("phoenix", lambda: b._phoenix_random(size, bs, qd, nops), {"workers": workers, "api": "read_many"}),
+                      ("phoenix_batch", lambda: b._phoenix_random(size, bs, qd, nops, per_request=True),
+                       {"workers": workers, "api": "batch"})]
+            # interleaved (ABCABC) as the sequential figures are: a drifting disk hits all alike
+            rruns: dict = {impl: [] for impl, _, _ in rimpls}
+            for rep in range(args.reps):
+                for impl, fn, _ in rimpls:
+                    progress.step(f"random read {bs >> 10} KiB {impl} qd={qd} rep {rep + 1}/{args.reps}")
+                    rruns[impl].append(b.timed(fn, 1)[3][0])
+            for impl, _, extra in rimpls:
+                rs = rruns[impl]
+                secs = statistics.median(r[1] for r in rs)
+                b.record("randread", impl, False, rs[0][0], secs, statistics.median(r[2] for r in rs), qd, bs,
+                         iops=nops / secs, reps=len(rs), runs_s=[round(r[1], 4) for r in rs], **extra)
         if b.vendor != "host":
             progress.step("pinned host -> device copy")
             b.prepare_rep = None
