@@ -443,11 +443,15 @@ def load(paths, device="cpu", *, framework: str | None = None, chunk: int = DEFA
     spent = {"alloc": 0.0, "submit": 0.0, "wait": 0.0}  # seconds of this thread, for stats
 
     def drain_one():
-        futs, meta = inflight.popleft()
-        for fut, (path, off, size) in zip(futs, meta, strict=True):
-            tw = time.perf_counter()
-            got = fut.result()  # PhxIOError for a failed read
-            spent["wait"] += time.perf_counter() - tw
+        futs, meta = inflight[0]
+        tw = time.perf_counter()
+        errs = [fut.exception() for fut in futs]  # the whole group has landed (or failed) first
+        spent["wait"] += time.perf_counter() - tw
+        inflight.popleft()
+        for fut, err, (path, off, size) in zip(futs, errs, meta, strict=True):
+            if err is not None:
+                raise err  # PhxIOError naming the file, offset and length
+            got = fut.result()
             if got < size:
                 raise PhxIOError(_errno.EIO, path, off, size,
                                  f"short read ({got} bytes): the file is shorter than its header says")

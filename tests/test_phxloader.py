@@ -238,3 +238,28 @@ def test_bench_helper_runs_on_cpu(tmp_path):
     res = phxloader.bench(p, dev, reps=1, quiet=True)
     assert res["phxloader_cold"]["bytes"] == 512 * 1024 * 4 + 8000
     assert res["ratios"]["phxloader_cold / raw_odirect_cold"] > 0
+
+
+def test_failed_read_raises_after_everything_landed(tmp_path, monkeypatch):
+    """An EIO in the middle of a load: PhxIOError naming the file, raised only once every
+    read of the load has finished (no read may still land in tensors being dropped)."""
+    import errno
+
+    import phoenix.io as pio
+
+    p = tmp_path / "eio.safetensors"
+    phxloader.save_file({f"t{i}": np.random.default_rng(i).standard_normal(50_000).astype(np.float32)
+                         for i in range(12)}, p)
+    real_open = pio.open
+
+    def faulty_open(path, *a, **kw):
+        f = real_open(path, *a, **kw)
+        f._inject_fault(700_000, 1, errno.EIO)
+        return f
+
+    monkeypatch.setattr(pio, "open", faulty_open)
+    with pytest.raises(PhxIOError) as ei:
+        phxloader.load_file(p, "cpu", framework="numpy", chunk=4096, depth=2)
+    assert ei.value.errno == errno.EIO and str(p) in str(ei.value)
+    s = pio.stats()
+    assert s["requests"] == 0 and s["files"] == 0, s
