@@ -20,7 +20,6 @@ completion callbacks, page-cache hits).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import resource
 import sys
@@ -31,7 +30,6 @@ import numpy as np
 import phoenix.io as pio
 import phoenix.settings as ps
 from phoenix import bench as pb
-from phoenix._core import core
 from phoenix.registry import get_runtime
 
 GB = 1e9
@@ -67,21 +65,13 @@ def rand(a) -> list[dict]:
     host.fill(0x5A)  # touched: no first-touch faults in the timed reads
     hoff = (-host.ctypes.data) % 4096
     host_buf = (host.ctypes.data + hoff, span)
-    lib = core()
-    lib.phxbench_raw.restype = ctypes.c_int64
-    lib.phxbench_raw.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_size_t,
-                                 ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
     rng = np.random.default_rng(42)
     offs = rng.integers(0, size // bs, nops) * bs
     bufo = (np.arange(nops) % 4096) * bs
     out = []
 
     def raw():
-        err = ctypes.create_string_buffer(256)
-        n = lib.phxbench_raw(a.file.encode(), 0, 1, size, bs, qd, nops, 1, err, 256)
-        if n < 0:
-            raise OSError(-n, err.value.decode())
-        return n
+        return pb.raw_transfer(a.file, False, True, size, bs, qd, nops)
 
     def many(buf, workers, engine="auto"):
         def go():

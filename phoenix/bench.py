@@ -121,6 +121,24 @@ def prepare_file(path: str, size: int, progress: Progress | None = None) -> None
         os.fsync(fh.fileno())
 
 
+def raw_transfer(path: str, write: bool, random: bool, size: int, chunk: int, threads: int, nops: int = 0,
+                 odirect: bool = True) -> int:
+    """The raw reference (phoenix/csrc/bench_raw.c): pread/pwrite of ``path`` into host
+    memory from ``threads`` C threads, one ``chunk`` each in flight, sequential or ``nops``
+    random ones; bytes moved, OSError on failure."""
+    from ._core import core
+
+    lib = core()
+    lib.phxbench_raw.restype = ctypes.c_int64
+    lib.phxbench_raw.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_size_t,
+                                 ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+    err = ctypes.create_string_buffer(256)
+    r = lib.phxbench_raw(os.fsencode(path), int(write), int(random), size, chunk, threads, nops, int(odirect), err, 256)
+    if r < 0:
+        raise OSError(-r, f"raw {'write' if write else 'read'} of {path}: {err.value.decode()}")
+    return r
+
+
 class Bench:
     def __init__(self, args):
         import phoenix
@@ -135,9 +153,6 @@ class Bench:
         self.rt = registry.get_runtime()
         self.vendor = self.rt.name
         self.lib = core()
-        self.lib.phxbench_raw.restype = ctypes.c_int64
-        self.lib.phxbench_raw.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_size_t,
-                                          ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
         self.lib.phxbench_naive.restype = ctypes.c_int64
         self.lib.phxbench_naive.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int,
                                             ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint64, ctypes.c_int,
@@ -203,12 +218,20 @@ class Bench:
 
     prepare_rep = None
 
+    def interleaved(self, impls, reps, progress, label):
+        """Repetitions interleaved across implementations (ABCABC...), so that drift of a
+        shared disk hits every implementation alike: {impl: (bytes, median seconds, median
+        CPU seconds, [seconds of each repetition])}. ``label`` has a {} for the impl."""
+        runs: dict = {impl: [] for impl, _ in impls}
+        for rep in range(reps):
+            for impl, fn in impls:
+                progress.step(f"{label.format(impl)} rep {rep + 1}/{reps}")
+                runs[impl].append(self.timed(fn, 1)[3][0])
+        return {impl: (rs[0][0], statistics.median(r[1] for r in rs), statistics.median(r[2] for r in rs),
+                       [round(r[1], 4) for r in rs]) for impl, rs in runs.items()}
+
     def _raw(self, op_write, random, size, chunk, threads, nops=0, odirect=True):
-        err = ctypes.create_string_buffer(256)
-        r = self.lib.phxbench_raw(self.args.file.encode(), int(op_write), int(random), size, chunk, threads, nops, int(odirect), err, 256)
-        if r < 0:
-            raise OSError(-r, f"raw {'write' if op_write else 'read'}: {err.value.decode()}")
-        return r
+        return raw_transfer(self.args.file, op_write, random, size, chunk, threads, nops, odirect)
 
     def _naive(self, random, size, chunk, threads, nops=0, odirect=True):
         err = ctypes.create_string_buffer(256)
@@ -366,37 +389,22 @@ def run(args) -> list[dict]:
                         b.record(op, impl, warm, nbytes, secs, cpu, threads, chunk, cache=temp, reps=1, first=True)
                     if impl == "phoenix":
                         b.settle()
-            # repetitions interleaved across implementations (ABCABC...), so that drift of a
-            # shared disk hits every implementation alike; the median of each is reported
-            runs: dict = {impl: [] for impl, _ in impls}
-            for rep in range(args.reps):
-                for impl, fn in impls:
-                    progress.step(f"{temp} {op} {impl} threads={threads} rep {rep + 1}/{args.reps}")
-                    runs[impl].append(b.timed(fn, 1)[3][0])
-            for impl, _ in impls:
-                rs = runs[impl]
-                b.record(op, impl, warm, rs[0][0], statistics.median(r[1] for r in rs), statistics.median(r[2] for r in rs),
-                         threads, chunk, cache=temp, reps=len(rs), runs_s=[round(r[1], 4) for r in rs])
+            for impl, (nbytes, secs, cpu, runs_s) in b.interleaved(impls, args.reps, progress,
+                                                                    f"{temp} {op} {{}} threads={threads}").items():
+                b.record(op, impl, warm, nbytes, secs, cpu, threads, chunk, cache=temp, reps=len(runs_s), runs_s=runs_s)
         if "randread" in ops:
             bs, qd = args.random_bs, args.qd
             nops = max(qd * 16, min(args.random_ops, size // bs * 4))
             b.prepare_rep = lambda: drop_cache(args.file)
             workers = max(1, min(qd, args.random_threads))
-            rimpls = [("raw_odirect", lambda: b._raw(False, True, size, bs, qd, nops), {}),
-                      ("phoenix", lambda: b._phoenix_random(size, bs, qd, nops), {"workers": workers, "api": "read_many"}),
-                      ("phoenix_batch", lambda: b._phoenix_random(size, bs, qd, nops, per_request=True),
-                       {"workers": workers, "api": "batch"})]
-            # interleaved (ABCABC) as the sequential figures are: a drifting disk hits all alike
-            rruns: dict = {impl: [] for impl, _, _ in rimpls}
-            for rep in range(args.reps):
-                for impl, fn, _ in rimpls:
-                    progress.step(f"random read {bs >> 10} KiB {impl} qd={qd} rep {rep + 1}/{args.reps}")
-                    rruns[impl].append(b.timed(fn, 1)[3][0])
-            for impl, _, extra in rimpls:
-                rs = rruns[impl]
-                secs = statistics.median(r[1] for r in rs)
-                b.record("randread", impl, False, rs[0][0], secs, statistics.median(r[2] for r in rs), qd, bs,
-                         iops=nops / secs, reps=len(rs), runs_s=[round(r[1], 4) for r in rs], **extra)
+            rimpls = [("raw_odirect", lambda: b._raw(False, True, size, bs, qd, nops)),
+                      ("phoenix", lambda: b._phoenix_random(size, bs, qd, nops)),
+                      ("phoenix_batch", lambda: b._phoenix_random(size, bs, qd, nops, per_request=True))]
+            extra = {"phoenix": {"workers": workers, "api": "read_many"}, "phoenix_batch": {"workers": workers, "api": "batch"}}
+            for impl, (nbytes, secs, cpu, runs_s) in b.interleaved(rimpls, args.reps, progress,
+                                                                    f"random read {bs >> 10} KiB {{}} qd={qd}").items():
+                b.record("randread", impl, False, nbytes, secs, cpu, qd, bs, iops=nops / secs, reps=len(runs_s),
+                         runs_s=runs_s, **extra.get(impl, {}))
         if b.vendor != "host":
             progress.step("pinned host -> device copy")
             b.prepare_rep = None

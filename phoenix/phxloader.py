@@ -531,16 +531,11 @@ def bench(path, device="cuda", reps: int = 3, *, chunk: int = DEFAULT_CHUNK, dep
     import statistics
 
     from . import bench as pb
-    from ._core import core
     from .settings import get as settings
 
     path = os.fspath(path)
     size = os.path.getsize(path)
     torch = _torch()
-    lib = core()
-    lib.phxbench_raw.restype = ctypes.c_int64
-    lib.phxbench_raw.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_size_t,
-                                 ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
     threads = raw_threads or settings().threads
 
     def sync():
@@ -550,11 +545,7 @@ def bench(path, device="cuda", reps: int = 3, *, chunk: int = DEFAULT_CHUNK, dep
     raw_size = size // ALIGN * ALIGN  # O_DIRECT: the aligned body of the file (all but < 4 KiB)
 
     def raw():
-        err = ctypes.create_string_buffer(256)
-        n = lib.phxbench_raw(path.encode(), 0, 0, raw_size, min(raw_chunk, raw_size), threads, 0, 1, err, 256)
-        if n < 0:
-            raise OSError(-n, f"raw O_DIRECT read: {err.value.decode()}")
-        return n
+        return pb.raw_transfer(path, False, False, raw_size, min(raw_chunk, raw_size), threads)
 
     last_stats: dict = {}
 

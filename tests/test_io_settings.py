@@ -10,15 +10,6 @@ import phoenix.settings as ps
 from phoenix.registry import get_runtime
 
 
-@pytest.fixture(scope="module")
-def rt():
-    runtime = get_runtime("host")
-    pio.use_runtime(runtime)
-    yield runtime
-    pio.shutdown()
-    pio.use_runtime(None)
-
-
 def test_environment_and_layers(monkeypatch):
     monkeypatch.setenv("PHX_THREADS", "3")
     monkeypatch.setenv("PHX_CHUNK_SIZE", "1M")
