@@ -456,3 +456,50 @@ def test_window_with_holes_between_the_samples_is_not_registered(rt, dev, tmp_pa
         info = pio.fmap_info()
         assert info["windows"] == 0 and info["pending"] == 0, info
     np.testing.assert_array_equal(d.get(), data)
+
+
+def _cached_pages(path) -> int | None:
+    """Pages of ``path`` in the page cache (cachestat(2), Linux 6.5+), None if unknown."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    rng = (ctypes.c_uint64 * 2)(0, os.path.getsize(path))
+    cs = (ctypes.c_uint64 * 5)()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if libc.syscall(451, fd, rng, cs, 0) != 0:
+            return None
+    finally:
+        os.close(fd)
+    return cs[0]
+
+
+def test_page_cache_reads_are_staged_in_small_chunks(rt, dev, tmp_path):
+    """A miss whose range is in the page cache is staged in 4 MiB chunks whatever the
+    chunk size (a memory copy then a DMA: smaller chunks overlap the two); a range that
+    is not cached keeps the configured chunks. Every byte checked both times."""
+    path = tmp_path / "cached.bin"
+    size = (20 << 20) + 4097
+    data = make_file(path, size)
+    d = dev(size + 8192)
+    with fmap(fmap_mode="auto", fmap_window=64 << 20, chunk_size="16M"), pio.open(path) as f:
+        st0 = pio.stats()
+        assert f.read(d.buf(), size, 0, 4096) == size
+        st1 = pio.stats()
+        check_extent(d.get(), data, 4096, size)
+        assert st1["fmap_misses"] == st0["fmap_misses"] + 1
+        assert st1["chunks_staged"] - st0["chunks_staged"] == -(-size // (4 << 20))  # 6, not 2
+    pio.shutdown()  # no registered windows (they pin the pages)
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    if _cached_pages(path) != 0:
+        pytest.skip("this file system keeps the file cached (or cachestat is missing): no cold read to compare")
+    d.poison()
+    with fmap(fmap_mode="auto", fmap_window=64 << 20, chunk_size="16M"), pio.open(path) as f:
+        st0 = pio.stats()
+        assert f.read(d.buf(), size, 0, 4096) == size
+        st1 = pio.stats()
+        check_extent(d.get(), data, 4096, size)
+        assert st1["chunks_staged"] - st0["chunks_staged"] == -(-size // (16 << 20))  # 2

@@ -701,8 +701,10 @@ int fmap_plan(phx_ctx *ctx, phx_file *f, const struct phx_io_desc *d, struct fma
             p->nchunks = nch;
             return 1;
         }
-        if (attempt == 0 && probe_request(f, d->file_offset, (uint64_t)(eff - d->file_offset)))
+        if (attempt == 0 && probe_request(f, d->file_offset, (uint64_t)(eff - d->file_offset))) {
+            p->resident = 1;
             fill_misses(ctx, f, &st, first, last, d->device, m->mode == PHX_FMAP_SYNC);
+        }
         if (attempt > 0 || m->mode != PHX_FMAP_SYNC)
             break;
     }

@@ -41,6 +41,7 @@
  * reads are bounded by queue_depth instead. */
 #define IO_WORKER_BYTES (64ull << 20)
 #define IO_FLUSH_BYTES (4ull << 20)     /* staged-read copies queued before their callback is launched */
+#define IO_CACHED_CHUNK (4ull << 20)    /* staged chunks of a read from the page cache (at most) */
 
 /* ---- counters (phx_io_get_stats) ---- */
 struct io_counters {
@@ -254,6 +255,7 @@ struct fmap_plan {
     int nwins;
     int64_t fsize;
     uint32_t nchunks;
+    int resident; /* a miss whose range the probe found in the page cache */
 };
 void fmap_init(struct phx_ctx *ctx);
 void fmap_fini(struct phx_ctx *ctx);
@@ -328,6 +330,7 @@ int ctx_get(phx_ctx *ctx);
 void ctx_put(phx_ctx *ctx);
 /* futex flags: wait until *word != 0 (-ETIMEDOUT after timeout_ns >= 0); set it. */
 int io_wait_flag(_Atomic uint32_t *word, int64_t timeout_ns);
+int io_flag_is_set(const _Atomic uint32_t *word);
 void io_set_flag(_Atomic uint32_t *word);
 
 static inline uint64_t align_down(uint64_t v, uint64_t a) { return v & ~(a - 1); }

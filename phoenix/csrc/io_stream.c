@@ -361,7 +361,7 @@ int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64
 
 int phx_sop_done(const phx_sop *s)
 {
-    return s && atomic_load_explicit(&((phx_sop *)s)->state, memory_order_acquire) != 0;
+    return s && io_flag_is_set(&s->state);
 }
 
 int phx_sop_wait(phx_sop *s, int64_t timeout_ns)
