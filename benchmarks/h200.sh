@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the NVIDIA issue needs from the H200 machine, in one call:
 #   benchmarks/h200.sh [stages...]   stages: setup info conformance bench loader lmcache kvtrace split
-#   (default: all but split; split: benchmarks/h200_diag.py, where random and first warm reads lose time)
+#   (default: all but split and warmcfg; split: benchmarks/h200_diag.py, where random and first warm reads
+#   lose time; warmcfg: the staged path's settings against KvikIO on a cached file)
 # Builds phoenix there (no network: no build isolation, wheels carried in .whl/),
 # runs the conformance suite for `nvidia`, then `phx bench` on the local disk and on
 # tmpfs. Everything worth keeping is written under $OUT.
@@ -52,6 +53,13 @@ if has split; then
         --json "$OUT/diag-rand.json" > "$OUT/diag-rand.log" 2>&1; echo "split rand rc=$?"; cut -c1-200 "$OUT/diag-rand.log" | tail -14
     timeout ${PHX_SPLIT_TIMEOUT:-150} python3 -P benchmarks/h200_diag.py warm --file /dev/shm/phx-bench.bin --size 8G \
         --json "$OUT/diag-warm.json" > "$OUT/diag-warm.log" 2>&1; echo "split warm rc=$?"; cut -c1-230 "$OUT/diag-warm.log" | tail -12
+    rm -f /dev/shm/phx-bench.bin
+fi
+
+if has warmcfg; then
+    timeout ${PHX_SPLIT_TIMEOUT:-150} python3 -P benchmarks/h200_diag.py warmcfg --file /dev/shm/phx-bench.bin --size 8G \
+        --reps ${PHX_SPLIT_REPS:-2} --json "$OUT/diag-warmcfg.json" > "$OUT/diag-warmcfg.log" 2>&1; echo "warmcfg rc=$?"
+    cut -c1-200 "$OUT/diag-warmcfg.log" | tail -30
     rm -f /dev/shm/phx-bench.bin
 fi
 

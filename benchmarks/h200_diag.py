@@ -148,9 +148,68 @@ def warm(a) -> list[dict]:
     return out
 
 
+def warmcfg(a) -> list[dict]:
+    """The staged path's configuration against KvikIO and raw buffered reads, interleaved."""
+    rt = get_runtime()
+    size = pb.parse_size(a.size)
+    pb.prepare_file(a.file, size)
+    pb.warm_cache(a.file, size)
+    dev = rt.device_alloc(size)
+    out = []
+    M = 1 << 20
+
+    def ph(threads, chunk, **kw):
+        cfg = dict(threads=threads, chunk_size=chunk, fmap_mode="off", **kw)
+
+        def go():
+            with ps.override(**cfg), pio.open(a.file, "r") as f:
+                return f.read((dev, size), size, 0, 0)
+        with ps.override(**cfg):
+            pio.prepare()
+        go()  # warm-up: pool pinned, streams made
+        return go
+
+    def kvik(threads, chunk):
+        import cupy
+        import kvikio
+        import kvikio.defaults
+
+        arr = cupy.ndarray((size,), cupy.uint8, cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(dev, size, None), 0))
+
+        def go():
+            with kvikio.defaults.set({"num_threads": threads, "task_size": chunk, "compat_mode": kvikio.CompatMode.ON}):
+                with kvikio.CuFile(a.file, "r") as f:
+                    return f.pread(arr, size, 0).get()
+        go()
+        return go
+
+    variants = [("raw_buffered_16", lambda: pb.raw_transfer(a.file, False, False, size, 16 * M, 16, 0, False))]
+    try:
+        variants.append(("kvikio_16_16M", kvik(16, 16 * M)))
+    except ImportError as exc:
+        print(f"kvikio left out: {exc}", flush=True)
+    variants += [("ph_16w_16M", ph(16, 16 * M)),
+                ("ph_16w_16M_qd1", ph(16, 16 * M, queue_depth=1)),
+                ("ph_16w_16M_qd2", ph(16, 16 * M, queue_depth=2)),
+                ("ph_16w_16M_pool256M", ph(16, 16 * M, bounce_pool_size=256 * M)),
+                ("ph_16w_4M_pool1G", ph(16, 4 * M, bounce_pool_size=1024 * M)),
+                ("ph_12w_16M", ph(12, 16 * M)),
+                ("ph_8w_16M", ph(8, 16 * M))]
+    for rep in range(a.reps):
+        for name, fn in variants:
+            n, secs, cpu, st = timed(fn)
+            rec = {"test": "warmcfg", "variant": name, "rep": rep, "gbps": n / secs / GB, "cpu_s_per_gb": cpu / (n / GB),
+                   "stats": st}
+            out.append(rec)
+            print(f"warmcfg {name:22s} rep {rep}: {rec['gbps']:6.2f} GB/s  {rec['cpu_s_per_gb']:.3f} CPU s/GB "
+                  f"pool_waits {st['pool_waits']}", flush=True)
+    rt.device_free(dev)
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["rand", "warm"])
+    p.add_argument("what", choices=["rand", "warm", "warmcfg"])
     p.add_argument("--file", required=True)
     p.add_argument("--size", default="8G")
     p.add_argument("--nops", type=int, default=60000)
@@ -158,7 +217,7 @@ def main() -> int:
     p.add_argument("--batch", action="store_true", help="rand: also batch() (a Python tuple per read)")
     p.add_argument("--json")
     a = p.parse_args()
-    recs = rand(a) if a.what == "rand" else warm(a)
+    recs = {"rand": rand, "warm": warm, "warmcfg": warmcfg}[a.what](a)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(recs, f, indent=1)
