@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import sys
 import time
@@ -148,6 +149,23 @@ def warm(a) -> list[dict]:
     return out
 
 
+def thread_cpu() -> dict:
+    """CPU seconds of this process's threads so far, summed by thread name (phx-io: the
+    I/O workers; phx-fmap: the registrar; CUDA's own threads; python: the caller)."""
+    out: dict = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                st = f.read()
+        except OSError:
+            continue  # the thread ended meanwhile
+        name = st[st.index("(") + 1:st.rindex(")")]
+        fields = st[st.rindex(")") + 2:].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def warmcfg(a) -> list[dict]:
     """The staged path's configuration against KvikIO and raw buffered reads, interleaved."""
     rt = get_runtime()
@@ -197,12 +215,15 @@ def warmcfg(a) -> list[dict]:
                 ("ph_8w_16M", ph(8, 16 * M))]
     for rep in range(a.reps):
         for name, fn in variants:
+            t0 = thread_cpu()
             n, secs, cpu, st = timed(fn)
+            t1 = thread_cpu()
+            per = {k: round((v - t0.get(k, 0.0)) / (n / GB), 3) for k, v in t1.items() if v - t0.get(k, 0.0) > 0}
             rec = {"test": "warmcfg", "variant": name, "rep": rep, "gbps": n / secs / GB, "cpu_s_per_gb": cpu / (n / GB),
-                   "stats": st}
+                   "thread_cpu_s_per_gb": per, "stats": st}
             out.append(rec)
             print(f"warmcfg {name:22s} rep {rep}: {rec['gbps']:6.2f} GB/s  {rec['cpu_s_per_gb']:.3f} CPU s/GB "
-                  f"pool_waits {st['pool_waits']}", flush=True)
+                  f"pool_waits {st['pool_waits']}  by thread {per}", flush=True)
     rt.device_free(dev)
     return out
 

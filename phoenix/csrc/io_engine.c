@@ -984,6 +984,7 @@ static void *worker_main(void *arg)
     struct start_sync *ss = w->start;
     int rc = 0;
     char why[200] = "";
+    pthread_setname_np(pthread_self(), "phx-io"); /* as top, perf and /proc/.../task show it */
     if (w->use_ring) {
         unsigned want = 3u * (unsigned)w->cap + 2, entries = 8;
         while (entries < want)

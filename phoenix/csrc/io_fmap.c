@@ -394,6 +394,7 @@ static void wait_ctx_idle(phx_ctx *ctx)
 
 static void *registrar_main(void *arg)
 {
+    pthread_setname_np(pthread_self(), "phx-fmap");
     phx_ctx *ctx = arg;
     struct io_fmap *m = &ctx->fmap;
     /* low priority: the first read runs meanwhile on the workers */
