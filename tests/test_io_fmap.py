@@ -489,6 +489,15 @@ def test_page_cache_reads_are_staged_in_small_chunks(rt, dev, tmp_path):
         check_extent(d.get(), data, 4096, size)
         assert st1["fmap_misses"] == st0["fmap_misses"] + 1
         assert st1["chunks_staged"] - st0["chunks_staged"] == -(-size // (4 << 20))  # 6, not 2
+    # one worker: its cached chunks take at most 4 slots at a time (parked until a copy
+    # returns one); every byte still arrives and every slot comes back
+    for threads in (1, 2):
+        pio.shutdown()
+        d.poison()
+        with fmap(fmap_mode="auto", fmap_window=64 << 20, chunk_size="16M", threads=threads), pio.open(path) as f:
+            assert f.read(d.buf(), size, 0, 4096) == size
+            check_extent(d.get(), data, 4096, size)
+            assert pio.stats()["bounce_in_use"] == 0
     pio.shutdown()  # no registered windows (they pin the pages)
     fd = os.open(path, os.O_RDONLY)
     os.fsync(fd)

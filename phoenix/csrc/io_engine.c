@@ -763,6 +763,18 @@ static void park(struct io_worker *w, struct io_chunk *ch)
     w->parked_tail = ch;
 }
 
+/* A read of page-cache data is CPU copies into slots and DMAs out of them; with the whole
+ * pool (4 slots of 16 MiB per worker) the DMAs queue far behind the copies (a long tail,
+ * slots cold in the cache when the DMA reads them). Such chunks take at most
+ * IO_CACHED_SLOTS 4 MiB slots per worker; the worker parks until one comes back, as
+ * KvikIO's threads wait for their bounce buffer's copy. H200 (run 6): staged 4 MiB
+ * chunks in a pool of 4 per worker read a cached file at 35-38 GB/s, in a pool of 16
+ * per worker at 33-34. */
+static uint64_t slot_cap(const struct io_worker *w, const struct io_chunk *ch)
+{
+    return ch->req->cached ? (uint64_t)w->ctx->nworkers * IO_CACHED_SLOTS * IO_CACHED_CHUNK : 0;
+}
+
 /* Start a chunk the worker owns (owned already counts it). */
 static void chunk_start(struct io_worker *w, struct io_chunk *ch)
 {
@@ -773,7 +785,7 @@ static void chunk_start(struct io_worker *w, struct io_chunk *ch)
         return;
     }
     if (ch->path != CH_USER && !ch->slot) {
-        ch->slot = pool_alloc(&w->ctx->pool, ch->slot_bytes, w);
+        ch->slot = pool_alloc(&w->ctx->pool, ch->slot_bytes, slot_cap(w, ch), w);
         if (!ch->slot) {
             park(w, ch);
             return;
@@ -808,7 +820,7 @@ static int retry_parked(struct io_worker *w)
         return 0; /* not woken yet */
     while (w->parked_head) {
         struct io_chunk *ch = w->parked_head;
-        ch->slot = pool_alloc(&w->ctx->pool, ch->slot_bytes, w);
+        ch->slot = pool_alloc(&w->ctx->pool, ch->slot_bytes, slot_cap(w, ch), w);
         if (!ch->slot)
             break;
         w->parked_head = ch->next;
@@ -1289,6 +1301,7 @@ static phx_req *req_build(phx_ctx *ctx, const struct phx_io_desc *d, int interna
     r->size = d->size;
     r->on_done = on_done;
     r->on_done_arg = arg;
+    r->cached = fp.resident && !fhit;
     atomic_init(&r->refs, want_handle ? 2 : 1);
     atomic_init(&r->eof_at, INT64_MAX);
     if (err || !d->size) {

@@ -42,6 +42,7 @@
 #define IO_WORKER_BYTES (64ull << 20)
 #define IO_FLUSH_BYTES (4ull << 20)     /* staged-read copies queued before their callback is launched */
 #define IO_CACHED_CHUNK (4ull << 20)    /* staged chunks of a read from the page cache (at most) */
+#define IO_CACHED_SLOTS 4               /* ... and slots of them in use per worker (at most) */
 
 /* ---- counters (phx_io_get_stats) ---- */
 struct io_counters {
@@ -136,9 +137,9 @@ struct io_pool {
 int pool_init(struct io_pool *p, struct phx_ctx *ctx, uint64_t limit, uint64_t max_slot,
               const struct phx_dp_table *dp);
 void pool_fini(struct io_pool *p);
-/* Non-blocking: NULL when the pool is full; `waiter` (if any) is then woken by the
- * next pool_free. */
-void *pool_alloc(struct io_pool *p, uint64_t bytes, struct io_worker *waiter);
+/* Non-blocking: NULL when the pool is full, or when `cap` (0: none) bytes of it are in
+ * use already; `waiter` (if any) is then woken by the next pool_free. */
+void *pool_alloc(struct io_pool *p, uint64_t bytes, uint64_t cap, struct io_worker *waiter);
 /* Blocking, all or nothing: n slots of `bytes` each. */
 int pool_alloc_many(struct io_pool *p, int n, uint64_t bytes, char **out);
 void pool_free(struct io_pool *p, void *ptr, uint64_t bytes);
@@ -184,11 +185,12 @@ struct phx_req {
     int op, mem, device, path;
     int file_ref;           /* counted in the file (not for a stream op's own requests) */
     int fmap_write;         /* a write counted by fmap_write_begin */
+    int cached;             /* a staged read of page-cache data (fmap probe): slots capped */
     char *addr;
     int64_t foff;
     uint64_t size;
     _Atomic int refs;
-    _Atomic uint32_t state; /* 0 running, 1 done: futex word */
+    _Atomic uint32_t state; /* completion flag (io_wait_flag): futex word */
     _Atomic int pending;    /* chunks left */
     _Atomic int err;
     int64_t err_off;

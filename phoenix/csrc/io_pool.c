@@ -162,10 +162,12 @@ static void *alloc_locked(struct io_pool *p, uint64_t bytes)
     return s->base;
 }
 
-void *pool_alloc(struct io_pool *p, uint64_t bytes, struct io_worker *waiter)
+void *pool_alloc(struct io_pool *p, uint64_t bytes, uint64_t cap, struct io_worker *waiter)
 {
     pthread_mutex_lock(&p->mu);
-    void *ptr = alloc_locked(p, bytes);
+    /* under the cap, or nothing in use (a slot larger than the cap still gets through) */
+    int room = !cap || !p->in_use || p->in_use + pool_round(bytes) <= cap;
+    void *ptr = room ? alloc_locked(p, bytes) : NULL;
     if (!ptr && waiter && !waiter->pool_wait) {
         /* registered under the lock, so the next pool_free cannot miss us */
         waiter->pool_wait = 1;
