@@ -511,6 +511,7 @@ static void fmap_req_start(struct io_worker *w, struct io_chunk *c0)
 
 static void sub_issue(struct io_worker *w, struct io_sub *s);
 static void chunk_io_done(struct io_worker *w, struct io_chunk *ch);
+static void start_read_copy(struct io_worker *w, struct io_chunk *ch);
 
 static void sub_run_sync(struct io_worker *w, struct io_sub *s);
 
@@ -702,24 +703,57 @@ static void chunk_io_done(struct io_worker *w, struct io_chunk *ch)
         if (r->op == PHX_OP_READ && !err && got)
             memcpy(ch->user, ch->slot + ch->slot_off, got);
     } else if (ch->path == CH_STAGED_DEV && r->op == PHX_OP_READ && !err && got) {
-        /* the copy is queued now; its completion callback is launched with the others
-         * of this round by flush_copies (before the worker sleeps) */
-        if (queue_dev_copy(w, ch, 1)) {
-            ch->next = w->copied[r->device];
-            w->copied[r->device] = ch;
-            w->copied_bytes[r->device] += got;
-            if (w->copied_bytes[r->device] >= IO_FLUSH_BYTES)
-                flush_copies(w);
-            return; /* cb_read_copied_list frees the slot and finishes the chunk */
+        if (w->in_reap) {
+            /* reaped from the ring: its copy is queued after the worker has submitted
+             * the reads that replace this round's (run_copies), so that a vendor call
+             * per completion does not delay the next reads (random reads) */
+            ch->next = NULL;
+            if (w->copy_tail)
+                w->copy_tail->next = ch;
+            else
+                w->copy_head = ch;
+            w->copy_tail = ch;
+            return;
         }
-        ch->err = EIO;
-        ch->got = 0;
+        start_read_copy(w, ch);
+        return;
     }
     if (ch->slot) {
         pool_free(&w->ctx->pool, ch->slot, ch->slot_bytes);
         ch->slot = NULL;
     }
     chunk_finish(ch);
+}
+
+/* Queue the device copy of a staged read whose file I/O is done; its completion callback
+ * is launched with the others of this round by flush_copies (before the worker sleeps). */
+static void start_read_copy(struct io_worker *w, struct io_chunk *ch)
+{
+    phx_req *r = ch->req;
+    if (queue_dev_copy(w, ch, 1)) {
+        ch->next = w->copied[r->device];
+        w->copied[r->device] = ch;
+        w->copied_bytes[r->device] += ch->got;
+        if (w->copied_bytes[r->device] >= IO_FLUSH_BYTES)
+            flush_copies(w);
+        return; /* cb_read_copied_list frees the slot and finishes the chunk */
+    }
+    ch->err = EIO;
+    ch->got = 0;
+    pool_free(&w->ctx->pool, ch->slot, ch->slot_bytes);
+    ch->slot = NULL;
+    chunk_finish(ch);
+}
+
+static void run_copies(struct io_worker *w)
+{
+    struct io_chunk *ch = w->copy_head;
+    w->copy_head = w->copy_tail = NULL;
+    while (ch) {
+        struct io_chunk *next = ch->next; /* start_read_copy relinks ch */
+        start_read_copy(w, ch);
+        ch = next;
+    }
 }
 
 static void chunk_issue_subs(struct io_worker *w, struct io_chunk *ch)
@@ -907,6 +941,7 @@ static void efd_arm(struct io_worker *w)
 static void reap(struct io_worker *w)
 {
     struct io_uring_cqe *cqe;
+    w->in_reap = 1;
     while ((cqe = ring_peek_cqe(&w->ring))) {
         uint64_t ud = cqe->user_data;
         int res = cqe->res;
@@ -918,6 +953,7 @@ static void reap(struct io_worker *w)
         w->ring_inflight--;
         sub_done(w, (struct io_sub *)(uintptr_t)ud, res);
     }
+    w->in_reap = 0;
 }
 
 static void worker_loop_ring(struct io_worker *w)
@@ -928,6 +964,12 @@ static void worker_loop_ring(struct io_worker *w)
         progress += retry_parked(w);
         if (w->owned_bytes < w->bytes_cap)
             progress += admit(w, w->cap - w->owned);
+        if (w->copy_head) {
+            /* the new reads go to the kernel first, then the last round's device copies */
+            if (ring_unsubmitted(&w->ring))
+                ring_enter(&w->ring, 0);
+            run_copies(w);
+        }
         flush_copies(w);
         if (atomic_load(&ctx->stop) && w->owned == 0 && !w->ring_inflight)
             break;

@@ -78,6 +78,8 @@ struct io_uring_sqe *ring_get_sqe(struct io_ring *r);
 /* Publish the SQEs handed out, submit them, and wait for wait_nr completions. */
 int ring_enter(struct io_ring *r, unsigned wait_nr);
 struct io_uring_cqe *ring_peek_cqe(struct io_ring *r);
+/* SQEs handed out but not published to the kernel yet */
+int ring_unsubmitted(const struct io_ring *r);
 void ring_cqe_seen(struct io_ring *r);
 /* Does the kernel take io_uring here (and IORING_OP_READ/WRITE)? */
 int ring_probe(char *why, size_t why_len);
@@ -297,6 +299,8 @@ struct io_worker {
     void *streams[IO_MAX_DEVICES];
     /* staged reads whose device copy is queued on streams[d] and whose completion
      * callback is not yet launched: one launch_host_func per batch (flush_copies) */
+    struct io_chunk *copy_head, *copy_tail; /* reads reaped from the ring, copy not queued yet */
+    int in_reap;
     struct io_chunk *copied[IO_MAX_DEVICES];
     uint64_t copied_bytes[IO_MAX_DEVICES]; /* ... their bytes: flushed early past IO_FLUSH_BYTES */
     int cur_dev;

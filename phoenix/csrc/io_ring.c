@@ -179,6 +179,8 @@ int ring_enter(struct io_ring *r, unsigned wait_nr)
     }
 }
 
+int ring_unsubmitted(const struct io_ring *r) { return *r->sq_tail != r->sqe_tail; }
+
 struct io_uring_cqe *ring_peek_cqe(struct io_ring *r)
 {
     unsigned head = *r->cq_head;
