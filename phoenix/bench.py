@@ -438,7 +438,19 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _size_label(n: int) -> str:
+    return f"{n / 2**30:g} GiB" if n >= 2**30 else f"{n / 2**20:g} MiB"
+
+
+def _label(r: dict) -> str:
+    return r["impl"] + (" 1st" if r.get("first") else "")
+
+
 def plot(records: list[dict], path: str) -> str:
+    """One panel per operation and cache state. A panel measured at one concurrency is a
+    bar per implementation (GB/s, or IOPS for random reads) annotated with its ratio to
+    the raw reference and its CPU s/GB; several concurrencies make a line per
+    implementation. Warm reads carry the pinned host-to-device copy as the bus line."""
     try:
         import matplotlib
 
@@ -446,30 +458,64 @@ def plot(records: list[dict], path: str) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed (pip install 'phoenix-direct-storage[bench]'): no plot written"
-    series: dict = {}
-    for r in records:
-        if r["op"] == "randread" or r["impl"] == "h2d_pinned":
-            continue
-        key = (r["op"], r.get("cache", ""), r["impl"])
-        series.setdefault(key, []).append((r["threads"], r["gbps"]))
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for (op, cache, impl), pts in sorted(series.items()):
-        ax = axes[0] if op == "read" else axes[1]
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{impl} ({cache})")
     h2d = [r for r in records if r["impl"] == "h2d_pinned"]
-    for ax, title in zip(axes, ("read: file -> device", "write: device -> file"), strict=True):
-        if h2d and ax is axes[0]:
-            ax.axhline(h2d[0]["gbps"], color="gray", linestyle="--", label="pinned H2D (bus)")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("threads (concurrency)")
-        ax.set_ylabel("GB/s")
-        ax.set_title(title)
+    groups: dict = {}
+    for r in records:
+        if r["impl"] != "h2d_pinned":
+            groups.setdefault((r["op"], r.get("cache") or ("warm" if r.get("warm") else "cold")), []).append(r)
+    if not groups:
+        return "no records to plot"
+    order = {"read": 0, "write": 1, "randread": 2}
+    keys = sorted(groups, key=lambda k: (k[1] != "cold", order.get(k[0], 9), k[0]))
+    fig, axes = plt.subplots(1, len(keys), figsize=(max(6.0, 4.6 * len(keys)), 4.4), squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        op, cache = key
+        recs = groups[key]
+        iops = op == "randread"
+        unit = "IOPS" if iops else "GB/s"
+
+        def val(r, iops=iops):
+            return r.get("iops") or 0 if iops else r["gbps"]
+
+        ref = next((r for r in recs if r["impl"] in ("raw_odirect", "raw_buffered") and not r.get("first")), None)
+        threads = sorted({r["threads"] for r in recs})
+        if len(threads) == 1:
+            names = [_label(r) for r in recs]
+            vals = [val(r) for r in recs]
+            colors = ["tab:green" if r["impl"].startswith("phoenix") else "tab:gray" if r is ref else "tab:blue"
+                      for r in recs]
+            bars = ax.barh(range(len(recs)), vals, color=colors)
+            ax.set_yticks(range(len(recs)), names, fontsize=8)
+            ax.invert_yaxis()
+            for b, r in zip(bars, recs, strict=True):
+                note = f" {val(r) / val(ref):.2f}x" if ref and val(ref) else ""
+                ax.text(b.get_width(), b.get_y() + b.get_height() / 2, f"{note}  {r['cpu_s_per_gb']:.2f} CPU s/GB",
+                        va="center", fontsize=7)
+            ax.set_xlim(0, max(vals + [h2d[0]["gbps"] if h2d and cache == "warm" and not iops else 0]) * 1.45)
+            ax.set_xlabel(unit)
+            if h2d and cache == "warm" and not iops:
+                ax.axvline(h2d[-1]["gbps"], color="gray", linestyle="--", label="pinned H2D (bus)")
+                ax.legend(fontsize=7, loc="lower right")
+            ax.set_title(f"{op} ({cache}), {'QD' if iops else 'threads'} {threads[0]}", fontsize=10)
+        else:
+            series: dict = {}
+            for r in recs:
+                series.setdefault(_label(r), []).append((r["threads"], val(r)))
+            for name, pts in sorted(series.items()):
+                pts.sort()
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+            if h2d and cache == "warm" and not iops:
+                ax.axhline(h2d[-1]["gbps"], color="gray", linestyle="--", label="pinned H2D (bus)")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("threads (concurrency)")
+            ax.set_ylabel(unit)
+            ax.legend(fontsize=7)
+            ax.set_title(f"{op} ({cache})", fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    vendor = records[0]["vendor"] if records else "?"
-    chunk = records[0]["chunk"] if records else 0
-    fig.suptitle(f"phx bench, vendor {vendor}{' (test double)' if records and records[0].get('test_double') else ''}, chunk {chunk >> 20} MiB")
+    r0 = records[0]
+    double = " (test double)" if r0.get("test_double") else ""
+    fig.suptitle(f"phx bench, vendor {r0['vendor']}{double}, chunk {r0['chunk'] >> 20} MiB, "
+                 f"{_size_label(r0['size'])}\nbars: ratio to the raw reference, CPU s/GB", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return f"plot written to {path}"

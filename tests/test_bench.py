@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REQUIRED = {"op", "impl", "vendor", "warm", "gbps", "cpu_s_per_gb", "threads", "chunk", "size"}
 
 
@@ -17,7 +19,7 @@ def test_phx_bench_records(tmp_path):
     env = dict(os.environ, PHX_VENDOR="host")
     cmd = [sys.executable, "-P", "-m", "phoenix.cli.phx", "bench", "--file", str(tmp_path / "b.bin"), "--size", "32M",
            "--chunk", "4M", "--threads", "2", "--ops", "read,write,randread", "--temperature", "cold,warm",
-           "--reps", "2", "--random-ops", "400", "--quiet", "--json", str(out)]
+           "--reps", "2", "--random-ops", "400", "--quiet", "--json", str(out), "--plot", str(tmp_path / "b.png")]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     recs = json.loads(out.read_text())
@@ -35,3 +37,25 @@ def test_phx_bench_records(tmp_path):
         if r["op"] == "randread":
             assert r["size"] == 64 * 16 * 65536 and len(r["runs_s"]) == 2 and r["iops"] > 0  # at least qd x 16 reads
     assert "test double" in p.stdout and "randread" in p.stdout
+    if "no plot written" not in p.stdout:  # matplotlib is a [bench] extra
+        assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_panels(tmp_path):
+    """One panel per operation and cache state: bars at one concurrency, lines at several;
+    records without a raw reference or with missing IOPS still plot."""
+    pytest.importorskip("matplotlib")
+    from phoenix.bench import plot
+
+    def rec(op, impl, threads, gbps, **kw):
+        return dict(op=op, impl=impl, threads=threads, gbps=gbps, cpu_s_per_gb=0.1, vendor="host", test_double=True,
+                    chunk=4 << 20, size=1 << 30, warm=kw.pop("warm", False), **kw)
+
+    recs = [rec("read", "raw_odirect", 4, 2.0, cache="cold"), rec("read", "phoenix", 4, 2.1, cache="cold"),
+            rec("randread", "raw_odirect", 64, 1.0, iops=16000), rec("randread", "phoenix", 64, 0.9),
+            rec("read", "phoenix", 16, 50.0, cache="warm", warm=True, first=True),
+            rec("write", "phoenix", 1, 1.0, cache="cold"), rec("write", "phoenix", 4, 3.0, cache="cold"),
+            rec("read", "h2d_pinned", 1, 55.0)]
+    assert plot(recs, str(tmp_path / "p.png")).startswith("plot written")
+    assert (tmp_path / "p.png").stat().st_size > 10000
+    assert plot([], str(tmp_path / "q.png")) == "no records to plot"
