@@ -28,7 +28,9 @@ Paths, chosen per request (``PHX_MODE``, see ``phoenix/csrc/phx_io.h``):
 * staged reads into device memory of file ranges in the page cache (or tmpfs): once
   the range's window is mmap'd and host-registered (in the background after a first,
   staged read; :func:`fmap_wait`), one vendor copy straight from the mapping per read:
-  no bounce buffer, no pread, about a tenth of the CPU. Cached across opens, LRU under
+  no bounce buffer, no pread, about a tenth of the CPU. That first read is staged in
+  4 MiB chunks, at most 4 bounce slots per worker at a time (a memory copy, then a DMA:
+  small chunks overlap the two, few slots keep the DMAs close behind the copies). Cached across opens, LRU under
   ``PHX_FMAP_CACHE``, dropped on writes through phoenix and when the file's size or
   times change; :func:`fmap_clear` releases them (``fmap_*`` settings, :func:`fmap_info`).
 
@@ -1306,7 +1308,8 @@ def stats() -> dict:
     reissues, O_DIRECT fallbacks, io_uring_enter calls), and the file-mapping cache's
     (fmap_windows and fmap_bytes live: registered now; fmap_hits and fmap_misses: staged
     reads into device memory served from a registered mapping, or not); pool_waits
-    (chunks that waited for a bounce slot) and copy_flushes (completion callbacks launched
+    (chunks that waited for a bounce slot, or for one of their worker's page-cache slots)
+    and copy_flushes (completion callbacks launched
     for staged reads' device copies)."""
     _prune_stream_ops()
     st = _Stats()
