@@ -798,12 +798,13 @@ static void park(struct io_worker *w, struct io_chunk *ch)
 }
 
 /* A read of page-cache data is CPU copies into slots and DMAs out of them; with the whole
- * pool (4 slots of 16 MiB per worker) the DMAs queue far behind the copies (a long tail,
- * slots cold in the cache when the DMA reads them). Such chunks take at most
- * IO_CACHED_SLOTS 4 MiB slots per worker; the worker parks until one comes back, as
- * KvikIO's threads wait for their bounce buffer's copy. H200 (run 6): staged 4 MiB
- * chunks in a pool of 4 per worker read a cached file at 35-38 GB/s, in a pool of 16
- * per worker at 33-34. */
+ * pool (4 slots of 16 MiB per worker) the DMAs can queue far behind the copies (a long
+ * tail, slots cold in the cache when the DMA reads them). Such chunks start only while
+ * the pool has less than IO_CACHED_SLOTS 4 MiB slots per worker in use (all requests'
+ * slots count); a worker parks until one comes back, as KvikIO's threads wait for their
+ * bounce buffer's copy. H200 run 6: staged 4 MiB chunks with 4 slots per worker read a
+ * cached file at 35-38 GB/s, with 16 per worker at 33-34; run 8 (a host whose memory
+ * bandwidth bounded every staged reader): no difference. */
 static uint64_t slot_cap(const struct io_worker *w, const struct io_chunk *ch)
 {
     return ch->req->cached ? (uint64_t)w->ctx->nworkers * IO_CACHED_SLOTS * IO_CACHED_CHUNK : 0;
