@@ -122,12 +122,18 @@ def rand(a) -> list[dict]:
     return out
 
 
-def warm(a) -> list[dict]:
+def cached_file(a):
+    """The runtime, the file's size (made and read into the page cache) and a device
+    buffer of that size."""
     rt = get_runtime()
     size = pb.parse_size(a.size)
     pb.prepare_file(a.file, size)
     pb.warm_cache(a.file, size)
-    dev = rt.device_alloc(size)
+    return rt, size, rt.device_alloc(size)
+
+
+def warm(a) -> list[dict]:
+    rt, size, dev = cached_file(a)
     out = []
 
     def read(threads, chunk):
@@ -181,11 +187,7 @@ def warmcfg(a) -> list[dict]:
     KvikIO and raw buffered reads. Each phoenix setting is one group (pool started, pinned
     and warmed before its timed reads: a change of settings makes a new context), the
     peers measured before and after the groups."""
-    rt = get_runtime()
-    size = pb.parse_size(a.size)
-    pb.prepare_file(a.file, size)
-    pb.warm_cache(a.file, size)
-    dev = rt.device_alloc(size)
+    rt, size, dev = cached_file(a)
     out = []
     M = 1 << 20
 

@@ -513,6 +513,17 @@ static void sub_issue(struct io_worker *w, struct io_sub *s);
 static void chunk_io_done(struct io_worker *w, struct io_chunk *ch);
 static void start_read_copy(struct io_worker *w, struct io_chunk *ch);
 
+/* A worker's chunk FIFOs (parked for a slot, reaped awaiting their copy): linked by ->next. */
+static void chunk_fifo_push(struct io_chunk **head, struct io_chunk **tail, struct io_chunk *ch)
+{
+    ch->next = NULL;
+    if (*tail)
+        (*tail)->next = ch;
+    else
+        *head = ch;
+    *tail = ch;
+}
+
 static void sub_run_sync(struct io_worker *w, struct io_sub *s);
 
 /* The page-cache probe (direct=None files): an O_DIRECT read of data that is already
@@ -707,12 +718,7 @@ static void chunk_io_done(struct io_worker *w, struct io_chunk *ch)
             /* reaped from the ring: its copy is queued after the worker has submitted
              * the reads that replace this round's (run_copies), so that a vendor call
              * per completion does not delay the next reads (random reads) */
-            ch->next = NULL;
-            if (w->copy_tail)
-                w->copy_tail->next = ch;
-            else
-                w->copy_head = ch;
-            w->copy_tail = ch;
+            chunk_fifo_push(&w->copy_head, &w->copy_tail, ch);
             return;
         }
         start_read_copy(w, ch);
@@ -789,12 +795,7 @@ static void chunk_fail(struct io_worker *w, struct io_chunk *ch, int err)
 static void park(struct io_worker *w, struct io_chunk *ch)
 {
     STAT_ADD(pool_waits, 1);
-    ch->next = NULL;
-    if (w->parked_tail)
-        w->parked_tail->next = ch;
-    else
-        w->parked_head = ch;
-    w->parked_tail = ch;
+    chunk_fifo_push(&w->parked_head, &w->parked_tail, ch);
 }
 
 /* A read of page-cache data is CPU copies into slots and DMAs out of them; with the whole
