@@ -219,12 +219,15 @@ class Bench:
     prepare_rep = None
 
     def interleaved(self, impls, reps, progress, label):
-        """Repetitions interleaved across implementations (ABCABC...), so that drift of a
-        shared disk hits every implementation alike: {impl: (bytes, median seconds, median
-        CPU seconds, [seconds of each repetition])}. ``label`` has a {} for the impl."""
+        """Repetitions interleaved across implementations, each repetition starting one
+        further along (ABC BCA CAB ...), so that drift of a shared disk, rising or falling,
+        hits every implementation alike and none is always first after another's run:
+        {impl: (bytes, median seconds, median CPU seconds, [seconds of each repetition])}.
+        ``label`` has a {} for the impl."""
         runs: dict = {impl: [] for impl, _ in impls}
         for rep in range(reps):
-            for impl, fn in impls:
+            k = rep % len(impls)
+            for impl, fn in impls[k:] + impls[:k]:
                 progress.step(f"{label.format(impl)} rep {rep + 1}/{reps}")
                 runs[impl].append(self.timed(fn, 1)[3][0])
         return {impl: (rs[0][0], statistics.median(r[1] for r in rs), statistics.median(r[2] for r in rs),
@@ -347,7 +350,7 @@ def run(args) -> list[dict]:
                 continue
             for t in threads_list:
                 plan.append((temp, op, t))
-    progress.total = len(plan) * (4 if kv_ok else 3) * args.reps + ("randread" in ops) * 3 * args.reps + (b.vendor != "host")
+    progress.total = len(plan) * (4 if kv_ok else 3) * args.reps + ("randread" in ops) * (3 * args.reps + 1) + (b.vendor != "host")
     try:
         prepare_file(args.file, size)
         for temp, op, threads in plan:
@@ -401,6 +404,10 @@ def run(args) -> list[dict]:
                       ("phoenix", lambda: b._phoenix_random(size, bs, qd, nops)),
                       ("phoenix_batch", lambda: b._phoenix_random(size, bs, qd, nops, per_request=True))]
             extra = {"phoenix": {"workers": workers, "api": "read_many"}, "phoenix_batch": {"workers": workers, "api": "batch"}}
+            # warm-up, untimed, as KvikIO's: these settings make a context of their own
+            # (rings, streams, the pinned bounce pool), built once per process
+            progress.step(f"random read {bs >> 10} KiB phoenix qd={qd}: first run (warm-up)")
+            b._phoenix_random(size, bs, qd, qd * 4)
             for impl, (nbytes, secs, cpu, runs_s) in b.interleaved(rimpls, args.reps, progress,
                                                                     f"random read {bs >> 10} KiB {{}} qd={qd}").items():
                 b.record("randread", impl, False, nbytes, secs, cpu, qd, bs, iops=nops / secs, reps=len(runs_s),

@@ -59,3 +59,27 @@ def test_plot_panels(tmp_path):
     assert plot(recs, str(tmp_path / "p.png")).startswith("plot written")
     assert (tmp_path / "p.png").stat().st_size > 10000
     assert plot([], str(tmp_path / "q.png")) == "no records to plot"
+
+
+def test_interleaved_rotates_the_order():
+    """Each repetition starts one implementation further along (ABC BCA CAB), so that a
+    disk drifting one way favours none; every figure stays with its implementation."""
+    import types
+
+    from phoenix.bench import Bench, Progress
+
+    calls = []
+
+    def impl(name, nbytes):
+        def fn():
+            calls.append(name)
+            return nbytes
+        return fn
+
+    fake = types.SimpleNamespace(prepare_rep=lambda: calls.append("drop"))
+    fake.timed = lambda fn, reps: Bench.timed(fake, fn, reps)
+    impls = [("a", impl("a", 1)), ("b", impl("b", 2)), ("c", impl("c", 3))]
+    got = Bench.interleaved(fake, impls, 4, Progress(12, quiet=True), "{}")
+    assert [c for c in calls if c != "drop"] == list("abc" "bca" "cab" "abc")
+    assert calls.count("drop") == 12  # the cache is dropped before every timed run
+    assert {k: (v[0], len(v[3])) for k, v in got.items()} == {"a": (1, 4), "b": (2, 4), "c": (3, 4)}
