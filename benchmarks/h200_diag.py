@@ -6,11 +6,13 @@ setup), PHX_VENDOR=nvidia:
     python3 -P benchmarks/h200_diag.py warm --file /dev/shm/phx-bench.bin --json warm.json
 
 rand: 64 KiB random reads at 64 in flight, cold, each variant after a cache drop, the
-variants interleaved (ABCABC; a phoenix variant's context is started and warmed untimed
-before each of its runs, since a change of settings makes a new one): the raw O_DIRECT reference (C threads), phoenix read_many
-into device memory with 16 io_uring workers x 4, 8 x 8 and 32 x 2, and with 64 workers of
-the threads engine; read_many into host memory (the same I/O, no device copies); with
---batch also batch() (a Python tuple per read).
+variants interleaved with the order rotated each repetition (a phoenix variant's context
+is started and warmed untimed before each of its runs, since a change of settings makes a
+new one): the raw O_DIRECT reference (C threads, fresh offsets each run, 2 MiB-page
+buffers), phoenix read_many into device memory (8 x 8 with the same offsets every run and
+with fresh ones, 16 x 4, 64 workers of the threads engine), and into host memory of 2 MiB
+pages (io_uring 8 x 8, threads engine 64) and of 4 KiB pages: the same I/O without device
+copies. Ends with each variant's geometric-mean ratio to the raw run of its repetition.
 
 warm: reads of a file in tmpfs into device memory: the staged path alone (fmap off) with
 16 MiB and 4 MiB chunks, twice each; then the default (fmap auto), twice from an empty
@@ -57,7 +59,20 @@ def timed(fn):
     return n, t1 - t0, c1 - c0, stats_delta(s0)
 
 
+def huge_pages_kb() -> int:
+    """AnonHugePages of this process (kB): whether the bounce pool got its 2 MiB pages."""
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1])
+    return -1
+
+
 def rand(a) -> list[dict]:
+    """Which part of a staged random read costs IOPS against the raw reference: the same
+    engine into host memory of 2 MiB pages (no device copies; the raw reference's buffers
+    are such pages), into 4 KiB pages, into device memory; the same offsets every
+    repetition (as phx bench did up to run 10) or fresh ones (as the raw reference)."""
     rt = get_runtime()
     size = pb.parse_size(a.size)
     pb.prepare_file(a.file, size)
@@ -68,18 +83,27 @@ def rand(a) -> list[dict]:
     host.fill(0x5A)  # touched: no first-touch faults in the timed reads
     hoff = (-host.ctypes.data) % 4096
     host_buf = (host.ctypes.data + hoff, span)
-    rng = np.random.default_rng(42)
-    offs = rng.integers(0, size // bs, nops) * bs
+    import mmap
+    huge = mmap.mmap(-1, span + (2 << 20))
+    hbase = np.frombuffer(huge, np.uint8)
+    hoff2 = (-hbase.ctypes.data) % (2 << 20)
+    huge.madvise(mmap.MADV_HUGEPAGE, hoff2, span)
+    hbase[hoff2:hoff2 + span] = 0x5A
+    huge_buf = (hbase.ctypes.data + hoff2, span)
+    print(f"AnonHugePages after the host buffers: {huge_pages_kb()} kB", flush=True)
     bufo = (np.arange(nops) % 4096) * bs
+    fixed = np.random.default_rng(42).integers(0, size // bs, nops) * bs
+    fresh_rng = np.random.default_rng(7)
     out = []
 
     def raw():
         return pb.raw_transfer(a.file, False, True, size, bs, qd, nops)
 
-    def many(buf, workers, engine="auto"):
+    def many(buf, workers, engine="auto", fresh=False):
         cfg = dict(threads=workers, queue_depth=qd // workers, engine=engine)
 
         def go():
+            offs = fresh_rng.integers(0, size // bs, nops) * bs if fresh else fixed
             with ps.override(**cfg), pio.open(a.file, "r") as f:
                 r = f.read_many(buf, offs, bs, bufo)
             assert (r == bs).all()
@@ -88,36 +112,36 @@ def rand(a) -> list[dict]:
         def start():  # untimed: a change of settings makes a new context (rings, streams, pool)
             with ps.override(**cfg), pio.open(a.file, "r") as f:
                 pio.prepare()
-                f.read_many(buf, offs[:qd * 4], bs, bufo[:qd * 4])
+                f.read_many(buf, fixed[:qd * 4], bs, bufo[:qd * 4])
         go.start = start
         return go
 
-    def per_request(workers):
-        def go():
-            with ps.override(threads=workers, queue_depth=qd // workers), pio.open(a.file, "r") as f:
-                reqs = [(f, (dev + int(b), bs), bs, int(o), 0, "read") for o, b in zip(offs, bufo, strict=True)]
-                r = pio.batch(reqs)
-            assert all(x == bs for x in r)
-            return nops * bs
-        go.start = many((dev, span), workers).start
-        return go
-
-    variants = [("raw_odirect", raw), ("read_many_dev_16x4", many((dev, span), 16)),
-                ("read_many_host_16x4", many(host_buf, 16)), ("read_many_dev_8x8", many((dev, span), 8)),
-                ("read_many_dev_32x2", many((dev, span), 32)),
-                ("read_many_dev_64_threads_engine", many((dev, span), 64, "threads"))]
-    if a.batch:
-        variants.append(("batch_dev_16x4", per_request(16)))
+    variants = [("raw_odirect", raw),
+                ("dev_8x8_fixed", many((dev, span), 8)),
+                ("dev_8x8_fresh", many((dev, span), 8, fresh=True)),
+                ("dev_16x4_fresh", many((dev, span), 16, fresh=True)),
+                ("host2M_8x8_fresh", many(huge_buf, 8, fresh=True)),
+                ("host2M_64thr_fresh", many(huge_buf, 64, "threads", fresh=True)),
+                ("host4K_8x8_fresh", many(host_buf, 8, fresh=True)),
+                ("dev_64thr_fresh", many((dev, span), 64, "threads", fresh=True))]
     for rep in range(a.reps):
-        for name, fn in variants:
+        k = rep % len(variants)
+        for name, fn in variants[k:] + variants[:k]:
             if hasattr(fn, "start"):
                 fn.start()
             pb.drop_cache(a.file)
             n, secs, cpu, st = timed(fn)
             rec = {"test": "rand", "variant": name, "rep": rep, "iops": nops / secs, "gbps": n / secs / GB,
-                   "cpu_s": cpu, "cpu_cores": cpu / secs, "stats": st}
+                   "cpu_s": cpu, "cpu_cores": cpu / secs, "stats": st, "anon_huge_kb": huge_pages_kb()}
             out.append(rec)
-            print(f"rand {name:22s} rep {rep}: {rec['iops']:9.0f} IOPS  {rec['cpu_cores']:.2f} cores  {st}", flush=True)
+            print(f"rand {name:20s} rep {rep}: {rec['iops']:7.0f} IOPS {rec['cpu_cores']:.2f} cores "
+                  f"huge {rec['anon_huge_kb'] >> 10} MiB pool_waits {st['pool_waits']} flushes {st['copy_flushes']}",
+                  flush=True)
+    raw_by_rep = {r["rep"]: r["iops"] for r in out if r["variant"] == "raw_odirect"}
+    for name, _ in variants[1:]:
+        ratios = [r["iops"] / raw_by_rep[r["rep"]] for r in out if r["variant"] == name]
+        gm = float(np.exp(np.mean(np.log(ratios))))
+        print(f"rand {name:20s} vs raw: geomean {gm:.3f}x  per rep " + " ".join(f"{x:.3f}" for x in ratios), flush=True)
     rt.device_free(dev)
     return out
 
@@ -262,7 +286,6 @@ def main() -> int:
     p.add_argument("--size", default="8G")
     p.add_argument("--nops", type=int, default=60000)
     p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--batch", action="store_true", help="rand: also batch() (a Python tuple per read)")
     p.add_argument("--json")
     a = p.parse_args()
     recs = {"rand": rand, "warm": warm, "warmcfg": warmcfg}[a.what](a)

@@ -260,11 +260,14 @@ class Bench:
         """nops random bs-sized reads into device memory, qd in flight in all (as the raw
         reference: qd threads, one each): ``random_threads`` workers with qd / workers each.
         One read_many call (the offsets built by NumPy, no Python per read); with
-        ``per_request``, a batch() of nops Python request tuples instead."""
+        ``per_request``, a batch() of nops Python request tuples instead. Every call reads
+        other offsets (seeds 42, 43, ...), as the raw reference's threads draw theirs afresh,
+        so that no run meets blocks a previous one left in a cache below the guest's."""
         import numpy as np
 
         slots = size // bs
-        rng = np.random.default_rng(42)
+        self.random_seed = getattr(self, "random_seed", 41) + 1
+        rng = np.random.default_rng(self.random_seed)
         offs = rng.integers(0, slots, nops) * bs
         bufo = (np.arange(nops) % slots) * bs
         t = max(1, min(qd, getattr(self.args, "random_threads", 8)))
