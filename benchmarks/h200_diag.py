@@ -130,12 +130,17 @@ def rand(a) -> list[dict]:
             if hasattr(fn, "start"):
                 fn.start()
             pb.drop_cache(a.file)
+            t0 = thread_cpu()
             n, secs, cpu, st = timed(fn)
+            t1 = thread_cpu()
+            # by thread name: phx-io, CUDA's, the raw reference's (python3), and io_uring's own
+            # iou-wrk (reads the kernel could not start without blocking, punted to a worker)
+            by = {k: round(v - t0.get(k, 0.0), 2) for k, v in t1.items() if v - t0.get(k, 0.0) >= 0.01}
             rec = {"test": "rand", "variant": name, "rep": rep, "iops": nops / secs, "gbps": n / secs / GB,
-                   "cpu_s": cpu, "cpu_cores": cpu / secs, "stats": st, "anon_huge_kb": huge_pages_kb()}
+                   "cpu_s": cpu, "cpu_cores": cpu / secs, "stats": st, "anon_huge_kb": huge_pages_kb(), "thread_cpu_s": by}
             out.append(rec)
             print(f"rand {name:20s} rep {rep}: {rec['iops']:7.0f} IOPS {rec['cpu_cores']:.2f} cores "
-                  f"huge {rec['anon_huge_kb'] >> 10} MiB pool_waits {st['pool_waits']} flushes {st['copy_flushes']}",
+                  f"huge {rec['anon_huge_kb'] >> 10} MiB pool_waits {st['pool_waits']} flushes {st['copy_flushes']} {by}",
                   flush=True)
     raw_by_rep = {r["rep"]: r["iops"] for r in out if r["variant"] == "raw_odirect"}
     for name, _ in variants[1:]:
@@ -199,7 +204,7 @@ def thread_cpu() -> dict:
                 st = f.read()
         except OSError:
             continue  # the thread ended meanwhile
-        name = st[st.index("(") + 1:st.rindex(")")]
+        name = st[st.index("(") + 1:st.rindex(")")].rstrip("0123456789").rstrip("-")  # iou-wrk-123: iou-wrk
         fields = st[st.rindex(")") + 2:].split()
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
     return out
