@@ -278,6 +278,21 @@ def warmcfg(a) -> list[dict]:
     phoenix("ph_staged_16w_16M", False, threads=16, chunk_size=16 * M, fmap_mode="off")
     phoenix("ph_staged_16w_4M_pool256M", False, threads=16, chunk_size=4 * M, bounce_pool_size=256 * M, fmap_mode="off")
     phoenix("ph_repeat_16w_16M", False, threads=16, chunk_size=16 * M, fmap_mode="auto")  # from the mapping
+
+    def register_then_clear():
+        """What a first read (fmap auto) follows: the file's windows registered, then all
+        dropped (host_unregister, munmap), as fmap_clear does before each ph_first read."""
+        with ps.override(threads=16, chunk_size=16 * M, fmap_mode="auto"):
+            read()
+            pio.fmap_wait(30)
+        pio.fmap_clear()
+
+    # the staged path and KvikIO after the same unregistration: does what ph_first follows
+    # slow every reader of that page cache, or phoenix's first read alone?
+    with ps.override(threads=16, chunk_size=16 * M, fmap_mode="off"):
+        measure("ph_staged_16w_16M_after_clear", read, before=register_then_clear)
+    for name, fn in peers[1:]:
+        measure(name + "_after_clear", fn, before=register_then_clear)
     for name, fn in peers:
         measure(name + "_after", fn)
     rt.device_free(dev)
