@@ -99,6 +99,26 @@ def rand(a) -> list[dict]:
     def raw():
         return pb.raw_transfer(a.file, False, True, size, bs, qd, nops)
 
+    def raw_shared(span_bytes):
+        """The raw reference with every read landing round robin in one shared region (as
+        read_many's destinations do) instead of each thread's own reused 64 KiB."""
+        import ctypes
+
+        from phoenix._core import core
+        lib = core()
+        fn = lib.phxbench_raw_shared
+        fn.restype = ctypes.c_int64
+        fn.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint64,
+                       ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
+
+        def go():
+            err = ctypes.create_string_buffer(256)
+            r = fn(os.fsencode(a.file), size, bs, qd, nops, span_bytes, err, 256)
+            if r < 0:
+                raise OSError(-r, err.value.decode())
+            return r
+        return go
+
     def many(buf, workers, engine="auto", fresh=False):
         cfg = dict(threads=workers, queue_depth=qd // workers, engine=engine)
 
@@ -117,13 +137,15 @@ def rand(a) -> list[dict]:
         return go
 
     variants = [("raw_odirect", raw),
-                ("dev_8x8_fixed", many((dev, span), 8)),
+                ("raw_shared_8M", raw_shared(8 << 20)),
+                ("raw_shared_256M", raw_shared(span)),
                 ("dev_8x8_fresh", many((dev, span), 8, fresh=True)),
-                ("dev_16x4_fresh", many((dev, span), 16, fresh=True)),
                 ("host2M_8x8_fresh", many(huge_buf, 8, fresh=True)),
-                ("host2M_64thr_fresh", many(huge_buf, 64, "threads", fresh=True)),
-                ("host4K_8x8_fresh", many(host_buf, 8, fresh=True)),
-                ("dev_64thr_fresh", many((dev, span), 64, "threads", fresh=True))]
+                ("host2M_64thr_fresh", many(huge_buf, 64, "threads", fresh=True))]
+    if a.all:  # run 11's other variants
+        variants += [("dev_8x8_fixed", many((dev, span), 8)), ("dev_16x4_fresh", many((dev, span), 16, fresh=True)),
+                     ("host4K_8x8_fresh", many(host_buf, 8, fresh=True)),
+                     ("dev_64thr_fresh", many((dev, span), 64, "threads", fresh=True))]
     for rep in range(a.reps):
         k = rep % len(variants)
         for name, fn in variants[k:] + variants[:k]:
@@ -306,6 +328,8 @@ def main() -> int:
     p.add_argument("--size", default="8G")
     p.add_argument("--nops", type=int, default=60000)
     p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--all", action="store_true", help="rand: also run 11's other variants (fixed offsets, 16 x 4, "
+                   "4 KiB host pages, 64 threads into device memory)")
     p.add_argument("--json")
     a = p.parse_args()
     recs = {"rand": rand, "warm": warm, "warmcfg": warmcfg}[a.what](a)

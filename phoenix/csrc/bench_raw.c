@@ -36,6 +36,8 @@ struct rb_job {
     uint64_t next;      /* atomic: next chunk index / op count */
     int err;            /* first errno */
     uint64_t moved;     /* atomic */
+    char *shared;       /* random reads into one region shared by all threads: op i lands */
+    size_t shared_len;  /* at (i % (shared_len / chunk)) * chunk (NULL: a buffer per thread) */
     /* naive staging */
     const struct phx_dp_table *dp;
     char *dev;          /* device buffer of `size` bytes (naive) */
@@ -85,8 +87,9 @@ static void *rb_worker(void *arg) {
         }
         size_t done = 0;
         while (done < n) {
+            char *dst = j->shared ? j->shared + (i % (j->shared_len / j->chunk)) * j->chunk : (char *)buf;
             ssize_t r = j->write ? pwrite(j->fd, (char *)buf + done, n - done, off + done)
-                                 : pread(j->fd, (char *)buf + done, n - done, off + done);
+                                 : pread(j->fd, dst + done, n - done, off + done);
             if (r < 0) { if (errno == EINTR) continue; __atomic_store_n(&j->err, errno, __ATOMIC_RELAXED); break; }
             if (r == 0) { __atomic_store_n(&j->err, ENODATA, __ATOMIC_RELAXED); break; }
             done += (size_t)r;
@@ -140,6 +143,33 @@ int64_t phxbench_raw(const char *path, int write, int random, uint64_t size, siz
     int64_t r = rb_run(&j, threads, err, errlen);
     if (write && r > 0 && fdatasync(fd) < 0) r = -errno;
     close(fd);
+    return r;
+}
+
+/* Diagnostics (benchmarks/h200_diag.py rand): random O_DIRECT reads as phxbench_raw, but
+ * every thread's reads land round robin in one `shared_len`-byte region of 2 MiB pages,
+ * as a read_many's destinations do: what the destination's spread costs the disk path. */
+int64_t phxbench_raw_shared(const char *path, uint64_t size, size_t chunk, int threads, uint64_t nops,
+                            size_t shared_len, char *err, size_t errlen) {
+    if (chunk == 0 || shared_len < chunk) {
+        snprintf(err, errlen, "bad arguments (chunk %zu, shared %zu)", chunk, shared_len);
+        return -EINVAL;
+    }
+    void *mem = NULL;
+    if (posix_memalign(&mem, 2u << 20, shared_len)) return -ENOMEM;
+    madvise(mem, shared_len, MADV_HUGEPAGE);
+    memset(mem, 0x5a, shared_len);
+    int fd = open(path, O_RDONLY | O_DIRECT);
+    if (fd < 0) {
+        snprintf(err, errlen, "open %s: %s", path, strerror(errno));
+        free(mem);
+        return -errno;
+    }
+    struct rb_job j = {.fd = fd, .random = 1, .chunk = chunk, .size = size, .nops = nops,
+                       .shared = mem, .shared_len = shared_len};
+    int64_t r = rb_run(&j, threads, err, errlen);
+    close(fd);
+    free(mem);
     return r;
 }
 
