@@ -52,6 +52,35 @@ def stats_delta(before: dict) -> dict:
     return {k: now[k] - before[k] for k in keys}
 
 
+class SlotSampler:
+    """Samples the bounce pool's bytes in use every millisecond while a run is timed: the
+    slots a staged random read holds (in flight plus awaiting their device copy) are the
+    working set its O_DIRECT reads land in (run 13: that working set costs the disk path)."""
+
+    def __init__(self):
+        import threading
+
+        self.samples: list[int] = []
+        self.stop = threading.Event()
+        self.th = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self.stop.wait(0.001):
+            self.samples.append(pio.stats()["bounce_in_use"])
+
+    def __enter__(self):
+        self.th.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.th.join()
+
+    def summary(self) -> dict:
+        s = self.samples or [0]
+        return {"slot_mib_max": round(max(s) / 2**20, 2), "slot_mib_mean": round(sum(s) / len(s) / 2**20, 2)}
+
+
 def timed(fn):
     s0, c0, t0 = pio.stats(), cpu_s(), time.perf_counter()
     n = fn()
@@ -100,20 +129,20 @@ def rand(a) -> list[dict]:
         return pb.raw_transfer(a.file, False, True, size, bs, qd, nops)
 
     def raw_shared(span_bytes):
-        """The raw reference with every read landing round robin in one shared region (as
-        read_many's destinations do) instead of each thread's own reused 64 KiB."""
+        """The raw reference with every read landing round robin in the first span_bytes
+        of the 2 MiB-page host buffer (as read_many's destinations do) instead of each
+        thread's own reused 64 KiB."""
         import ctypes
 
         from phoenix._core import core
-        lib = core()
-        fn = lib.phxbench_raw_shared
+        fn = core().phxbench_raw_shared
         fn.restype = ctypes.c_int64
         fn.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint64,
-                       ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
+                       ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
 
         def go():
             err = ctypes.create_string_buffer(256)
-            r = fn(os.fsencode(a.file), size, bs, qd, nops, span_bytes, err, 256)
+            r = fn(os.fsencode(a.file), size, bs, qd, nops, huge_buf[0], span_bytes, err, 256)
             if r < 0:
                 raise OSError(-r, err.value.decode())
             return r
@@ -153,8 +182,10 @@ def rand(a) -> list[dict]:
                 fn.start()
             pb.drop_cache(a.file)
             t0 = thread_cpu()
-            n, secs, cpu, st = timed(fn)
+            with SlotSampler() as slots:
+                n, secs, cpu, st = timed(fn)
             t1 = thread_cpu()
+            st.update(slots.summary())
             # by thread name: phx-io, CUDA's, the raw reference's (python3), and io_uring's own
             # iou-wrk (reads the kernel could not start without blocking, punted to a worker)
             by = {k: round(v - t0.get(k, 0.0), 2) for k, v in t1.items() if v - t0.get(k, 0.0) >= 0.01}
@@ -162,7 +193,8 @@ def rand(a) -> list[dict]:
                    "cpu_s": cpu, "cpu_cores": cpu / secs, "stats": st, "anon_huge_kb": huge_pages_kb(), "thread_cpu_s": by}
             out.append(rec)
             print(f"rand {name:20s} rep {rep}: {rec['iops']:7.0f} IOPS {rec['cpu_cores']:.2f} cores "
-                  f"huge {rec['anon_huge_kb'] >> 10} MiB pool_waits {st['pool_waits']} flushes {st['copy_flushes']} {by}",
+                  f"huge {rec['anon_huge_kb'] >> 10} MiB slots max {st['slot_mib_max']} mean {st['slot_mib_mean']} MiB "
+                  f"pool_waits {st['pool_waits']} flushes {st['copy_flushes']} {by}",
                   flush=True)
     raw_by_rep = {r["rep"]: r["iops"] for r in out if r["variant"] == "raw_odirect"}
     for name, _ in variants[1:]:

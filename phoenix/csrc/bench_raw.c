@@ -147,29 +147,24 @@ int64_t phxbench_raw(const char *path, int write, int random, uint64_t size, siz
 }
 
 /* Diagnostics (benchmarks/h200_diag.py rand): random O_DIRECT reads as phxbench_raw, but
- * every thread's reads land round robin in one `shared_len`-byte region of 2 MiB pages,
- * as a read_many's destinations do: what the destination's spread costs the disk path. */
+ * every thread's reads land round robin in the caller's region `shared` of `shared_len`
+ * bytes (touched beforehand, so that no page fault is timed), as a read_many's
+ * destinations do: what the destinations' spread costs the disk path. */
 int64_t phxbench_raw_shared(const char *path, uint64_t size, size_t chunk, int threads, uint64_t nops,
-                            size_t shared_len, char *err, size_t errlen) {
-    if (chunk == 0 || shared_len < chunk) {
-        snprintf(err, errlen, "bad arguments (chunk %zu, shared %zu)", chunk, shared_len);
+                            void *shared, size_t shared_len, char *err, size_t errlen) {
+    if (chunk == 0 || !shared || shared_len < chunk || (uintptr_t)shared % 4096) {
+        snprintf(err, errlen, "bad arguments (chunk %zu, shared %p + %zu)", chunk, shared, shared_len);
         return -EINVAL;
     }
-    void *mem = NULL;
-    if (posix_memalign(&mem, 2u << 20, shared_len)) return -ENOMEM;
-    madvise(mem, shared_len, MADV_HUGEPAGE);
-    memset(mem, 0x5a, shared_len);
     int fd = open(path, O_RDONLY | O_DIRECT);
     if (fd < 0) {
         snprintf(err, errlen, "open %s: %s", path, strerror(errno));
-        free(mem);
         return -errno;
     }
     struct rb_job j = {.fd = fd, .random = 1, .chunk = chunk, .size = size, .nops = nops,
-                       .shared = mem, .shared_len = shared_len};
+                       .shared = shared, .shared_len = shared_len};
     int64_t r = rb_run(&j, threads, err, errlen);
     close(fd);
-    free(mem);
     return r;
 }
 
