@@ -217,6 +217,7 @@ class Bench:
         return runs[0][0], secs, cpu, runs
 
     prepare_rep = None
+    random_seed = 41  # the last seed _phoenix_random drew its offsets with
 
     def interleaved(self, impls, reps, progress, label):
         """Repetitions interleaved across implementations, each repetition starting one
@@ -266,7 +267,7 @@ class Bench:
         import numpy as np
 
         slots = size // bs
-        self.random_seed = getattr(self, "random_seed", 41) + 1
+        self.random_seed += 1
         rng = np.random.default_rng(self.random_seed)
         offs = rng.integers(0, slots, nops) * bs
         bufo = (np.arange(nops) % slots) * bs

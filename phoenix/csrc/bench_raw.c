@@ -7,6 +7,8 @@
  *   phxbench_raw      raw O_DIRECT pread/pwrite into host memory, `threads` threads
  *                     each with one request in flight, chunks handed out by an atomic
  *                     counter (sequential) or drawn at random (random reads).
+ *   phxbench_raw_shared  (diagnostics) random O_DIRECT reads as phxbench_raw, landing
+ *                     round robin in one caller-given region instead of a buffer per thread.
  *   phxbench_naive    the naive staging loop: pread a chunk into host memory, then a
  *                     synchronous copy to the device through the vendor's memcpy_async
  *                     + stream_synchronize, one chunk at a time per thread.
