@@ -30,8 +30,8 @@ Paths, chosen per request (``PHX_MODE``, see ``phoenix/csrc/phx_io.h``):
   staged read; :func:`fmap_wait`), one vendor copy straight from the mapping per read:
   no bounce buffer, no pread, about a tenth of the CPU. That first read is staged in
   4 MiB chunks, at most 4 bounce slots per worker at a time (a memory copy, then a DMA:
-  small chunks overlap the two, few slots keep the DMAs close behind the copies). Cached across opens, LRU under
-  ``PHX_FMAP_CACHE``, dropped on writes through phoenix and when the file's size or
+  small chunks overlap the two, few slots keep the DMAs close behind the copies).
+  Mappings are cached across opens, LRU under ``PHX_FMAP_CACHE``, dropped on writes through phoenix and when the file's size or
   times change; :func:`fmap_clear` releases them (``fmap_*`` settings, :func:`fmap_info`).
 
 Errors: :class:`~phoenix.errors.PhxIOError` (an OSError) naming the file, the offset
@@ -1309,8 +1309,7 @@ def stats() -> dict:
     (fmap_windows and fmap_bytes live: registered now; fmap_hits and fmap_misses: staged
     reads into device memory served from a registered mapping, or not); pool_waits
     (chunks that waited for a bounce slot, or for one of their worker's page-cache slots)
-    and copy_flushes (completion callbacks launched
-    for staged reads' device copies)."""
+    and copy_flushes (completion callbacks launched for staged reads' device copies)."""
     _prune_stream_ops()
     st = _Stats()
     _lib.phx_io_get_stats(ctypes.byref(st))

@@ -1268,7 +1268,7 @@ static void req_fail_now(phx_req *r, int err)
     r->err = err;
     r->err_off = r->foff;
     r->err_len = r->size;
-    atomic_store(&r->state, 1);
+    atomic_store(&r->state, FLAG_SET); /* before anyone can wait: no wake owed */
 }
 
 /* Build a request: chunks planned, not queued. On a refusal returns a request that is
@@ -1352,7 +1352,7 @@ static phx_req *req_build(phx_ctx *ctx, const struct phx_io_desc *d, int interna
         if (err)
             req_fail_now(r, err);
         else
-            atomic_store(&r->state, 1);
+            atomic_store(&r->state, FLAG_SET);
         if (on_done)
             on_done(r, arg);
         if (!want_handle) {

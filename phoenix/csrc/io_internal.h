@@ -334,7 +334,8 @@ int io_submit_one(phx_ctx *ctx, const struct phx_io_desc *d, int internal, io_do
                   phx_req **out);
 int ctx_get(phx_ctx *ctx);
 void ctx_put(phx_ctx *ctx);
-/* futex flags: wait until *word != 0 (-ETIMEDOUT after timeout_ns >= 0); set it. */
+/* completion flags (futex words, io_engine.c): wait until set (-ETIMEDOUT after
+ * timeout_ns >= 0); is it set; set it (a futex wake only if a waiter sleeps). */
 int io_wait_flag(_Atomic uint32_t *word, int64_t timeout_ns);
 int io_flag_is_set(const _Atomic uint32_t *word);
 void io_set_flag(_Atomic uint32_t *word);
