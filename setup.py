@@ -67,6 +67,7 @@ setup(
         Extension(
             "phoenix._phxcore",
             sources=sorted(glob.glob("phoenix/csrc/*.c")),
+            depends=sorted(glob.glob("phoenix/csrc/*.h")),  # a header change rebuilds the core
             include_dirs=["phoenix/csrc"],
             extra_compile_args=["-O2", "-std=gnu11", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             extra_link_args=["-pthread"],

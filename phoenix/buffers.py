@@ -30,8 +30,11 @@ from __future__ import annotations
 
 import ctypes
 import math
+import re
+import sys
 from dataclasses import dataclass, field
 
+from .checks import raw_buffer
 from .vendor import MemoryType
 
 # where an extent lives: the C core's enum phx_mem (phoenix/csrc/phx_io.h)
@@ -57,6 +60,10 @@ class Buffer:
     source: str  #: which protocol found it ("raw", "torch", "cuda_array_interface", ...)
     _keep: list = field(default_factory=list, repr=False)
     _view: ctypes.Structure | None = field(default=None, repr=False)
+    #: the stream its producer orders its work on, when the object says (torch's current
+    #: stream, CuPy's, a ``__cuda_array_interface__`` "stream"): the caller's stream of an
+    #: I/O call that names none (:mod:`phoenix.streams`); None: not said
+    stream: int | None = None
 
     def release(self) -> None:
         """Let go of the object (and its buffer export): the I/O on it is over."""
@@ -120,16 +127,58 @@ def _contiguous_nbytes(shape, strides, itemsize: int, where: str) -> int:
     return n
 
 
-def _itemsize(typestr: str) -> int:
-    return int(typestr[2:])
+#: an array-interface type string: byte order, kind, size (unicode: in characters), unit
+_TYPESTR = re.compile(r"^[<>|=]?([a-zA-Z])(\d+)(\[\w+\])?$")
+
+
+def _itemsize(obj, typestr: str) -> int:
+    """Bytes per element: the exporter's own ``itemsize`` when it has one (NumPy, CuPy),
+    else the type string's size ("<U4" is 4 characters of 4 bytes; "<M8[ns]" 8 bytes)."""
+    size = getattr(obj, "itemsize", None)
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    m = _TYPESTR.match(str(typestr))
+    if not m:
+        raise TypeError(f"{type(obj).__name__}: cannot read the element size from type string {typestr!r}")
+    return int(m.group(2)) * (4 if m.group(1) in "Uw" else 1)
+
+
+def _cai_stream(iface: dict) -> int | None:
+    """The producer's stream a ``__cuda_array_interface__`` (v3) names: 1 is the legacy
+    default stream (the runtime's 0), 2 the per-thread default stream; absent or None:
+    none named."""
+    s = iface.get("stream")
+    if s is None or isinstance(s, bool) or not isinstance(s, int):
+        return None
+    return 0 if s in (0, 1) else s
 
 
 def _from_interface(obj, iface: dict, kind: str | None, source: str, writable: bool) -> Buffer:
     ptr, readonly = iface["data"]
     if writable and readonly:
         raise TypeError(f"{type(obj).__name__}: read-only array cannot be read into")
-    nbytes = _contiguous_nbytes(iface["shape"], iface.get("strides"), _itemsize(iface["typestr"]), type(obj).__name__)
-    return Buffer(int(ptr or 0), nbytes, kind, None, bool(readonly), source, [obj])
+    nbytes = _contiguous_nbytes(iface["shape"], iface.get("strides"), _itemsize(obj, iface["typestr"]),
+                                type(obj).__name__)
+    own = getattr(obj, "nbytes", None)
+    if isinstance(own, int) and not isinstance(own, bool) and own != nbytes:
+        raise TypeError(f"{type(obj).__name__}: its interface describes {nbytes} bytes but the object says "
+                        f"nbytes={own}: refusing an extent that may not be the array")
+    stream = None
+    if source == "cuda_array_interface":
+        stream = _cupy_stream(obj)
+        if stream is None:
+            stream = _cai_stream(iface)
+    return Buffer(int(ptr or 0), nbytes, kind, None, bool(readonly), source, [obj], stream=stream)
+
+
+def _cupy_stream(obj) -> int | None:
+    """CuPy's current stream for a CuPy array (the stream its work is queued on), else None."""
+    mod = type(obj).__module__ or ""
+    cupy = sys.modules.get("cupy")
+    if cupy is None or not (mod == "cupy" or mod.startswith("cupy.")):
+        return None
+    ptr = cupy.cuda.get_current_stream().ptr
+    return 0 if ptr in (0, 1) else int(ptr)
 
 
 # ---- torch (without importing it) -------------------------------------------------------
@@ -149,7 +198,10 @@ def _from_torch(obj, writable: bool) -> Buffer | None:
     nbytes = obj.numel() * obj.element_size()
     if dev.type == "cpu":
         return Buffer(obj.data_ptr(), nbytes, "host", None, False, "torch", [obj])
-    return Buffer(obj.data_ptr(), nbytes, "device", dev.index if dev.index is not None else 0, False, "torch", [obj])
+    index = dev.index if dev.index is not None else 0
+    torch = sys.modules["torch"]
+    stream = torch.cuda.current_stream(index).cuda_stream  # the stream torch queues its work on
+    return Buffer(obj.data_ptr(), nbytes, "device", index, False, "torch", [obj], stream=stream)
 
 
 # ---- DLPack -------------------------------------------------------------------------------
@@ -181,10 +233,20 @@ _PyCapsule_GetPointer.restype = ctypes.c_void_p
 _DL_HOST_TYPES = {1, 3, 11}  # kDLCPU, kDLCUDAHost, kDLROCMHost
 
 
-def _from_dlpack(obj, writable: bool) -> Buffer:
+def _from_dlpack(obj, writable: bool, stream: int | None = None) -> Buffer:
     # A legacy "dltensor" capsule (DLManagedTensor starts with its DLTensor). It is not
     # consumed: its destructor returns it to the producer when we let go of it.
-    capsule = obj.__dlpack__()
+    # The consumer's stream goes to the producer, which orders its work before it (the
+    # DLPack protocol); none given: the default stream (CUDA's legacy one), as the
+    # protocol assumes for stream=None.
+    capsule = None
+    if stream is not None and _dlpack_on_device(obj):
+        try:
+            capsule = obj.__dlpack__(stream=1 if stream == 0 else stream)
+        except TypeError:  # a producer of the old protocol, without the stream argument
+            capsule = None
+    if capsule is None:
+        capsule = obj.__dlpack__()
     ptr = _PyCapsule_GetPointer(capsule, b"dltensor")
     t = _DLTensor.from_address(ptr)
     ndim = t.ndim
@@ -195,23 +257,31 @@ def _from_dlpack(obj, writable: bool) -> Buffer:
     host = t.device.device_type in _DL_HOST_TYPES
     addr = (t.data or 0) + t.byte_offset
     return Buffer(addr, nbytes, "host" if host else "device", None if host else t.device.device_id, False, "dlpack",
-                  [obj, capsule])
+                  [obj, capsule], stream=None if host else (stream if stream is not None else 0))
+
+
+def _dlpack_on_device(obj) -> bool:
+    try:
+        dev_type, _ = obj.__dlpack_device__()
+    except Exception:
+        return False
+    return int(dev_type) not in _DL_HOST_TYPES
 
 
 # ---- entry points -------------------------------------------------------------------------
 
 
-def adapt(obj, *, writable: bool) -> Buffer:
+def adapt(obj, *, writable: bool, stream: int | None = None) -> Buffer:
     """Find the contiguous extent of ``obj``; ``writable`` when it will be read into.
 
-    Raises TypeError naming what is wrong (not contiguous, read-only, unknown type).
+    ``stream``: the stream the caller's I/O is ordered on, when the caller names one (a
+    DLPack producer orders its work before it). Raises TypeError naming what is wrong
+    (not contiguous, read-only, unknown type).
     """
     if isinstance(obj, Buffer):
         return obj
-    if isinstance(obj, tuple) and len(obj) == 2 and all(isinstance(v, int) for v in obj):
-        ptr, nbytes = obj
-        if ptr <= 0 or nbytes < 0:
-            raise TypeError(f"raw buffer (ptr={ptr:#x}, nbytes={nbytes}): needs a non-NULL address and a size >= 0")
+    if isinstance(obj, tuple) and len(obj) == 2 and all(_is_integer(v) for v in obj):
+        ptr, nbytes = raw_buffer(*obj)
         return Buffer(ptr, nbytes, None, None, False, "raw")
     if isinstance(obj, int):
         raise TypeError("a bare address has no size: pass (ptr, nbytes)")
@@ -228,12 +298,16 @@ def adapt(obj, *, writable: bool) -> Buffer:
     if isinstance(obj, (bytes, bytearray, memoryview)) or _has_buffer(obj):
         return _from_buffer_protocol(obj, writable)
     if hasattr(obj, "__dlpack__"):
-        return _from_dlpack(obj, writable)
+        return _from_dlpack(obj, writable, stream)
     raise TypeError(
         f"cannot do I/O on a {type(obj).__module__}.{type(obj).__name__}: pass a torch tensor, a CuPy or NumPy "
         "array, anything with __cuda_array_interface__, __array_interface__, the buffer protocol or __dlpack__, "
         "or a (ptr, nbytes) pair"
     )
+
+
+def _is_integer(v) -> bool:
+    return not isinstance(v, bool) and hasattr(type(v), "__index__")
 
 
 def _has_buffer(obj) -> bool:

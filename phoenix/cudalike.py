@@ -304,7 +304,22 @@ class CudaLikeRuntime(VendorRuntime):
             launch_host_func=addr(f"{P}LaunchHostFunc"),
             host_register=addr(f"{P}HostRegister"),
             host_unregister=addr(f"{P}HostUnregister"),
+            # ordering with the caller's stream: all of them, or none (a runtime without
+            # events is synchronized instead; DataPathTable says how)
+            **self._event_entries(),
         )
+
+    #: flags of the events the I/O core records (cudaEventDisableTiming: cheaper records)
+    event_flags = 2
+
+    def _event_entries(self) -> dict:
+        P, h = self.prefix, self.rt.handle
+        names = {"get_device": f"{P}GetDevice", "event_create": f"{P}EventCreateWithFlags",
+                 "event_record": f"{P}EventRecord", "stream_wait_event": f"{P}StreamWaitEvent",
+                 "event_synchronize": f"{P}EventSynchronize", "event_destroy": f"{P}EventDestroy"}
+        if not all(hasattr(h, sym) for sym in names.values()):
+            return {}
+        return {"event_flags": self.event_flags, **{field: self.rt.address(sym) for field, sym in names.items()}}
 
     # -- lifetime ----------------------------------------------------------------
 

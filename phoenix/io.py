@@ -34,6 +34,29 @@ Paths, chosen per request (``PHX_MODE``, see ``phoenix/csrc/phx_io.h``):
   Mappings are cached across opens, LRU under ``PHX_FMAP_CACHE``, dropped on writes through phoenix and when the file's size or
   times change; :func:`fmap_clear` releases them (``fmap_*`` settings, :func:`fmap_info`).
 
+Ordering with the caller's stream (the rule every call keeps):
+
+* an I/O call that touches device memory runs after all work queued so far on the
+  caller's stream: a read lands after the work that writes (or reads) its destination,
+  a write takes the bytes that work produced;
+* a blocking call (``read``, ``write``, ``read_many``, ``write_many``, ``batch``) returns
+  with its bytes in place, visible to any work queued after it; a future's bytes are in
+  place once ``.result()`` returns; a stream-ordered call (``read_async``/``write_async``)
+  is ordered on the stream itself;
+* the caller's stream is the call's ``stream=`` (a vendor handle, a torch or CuPy stream,
+  anything with ``cuda_stream``, ``ptr`` or ``__cuda_stream__``), else the current stream
+  of the buffer's framework (``torch.cuda.current_stream(device)`` for a torch tensor,
+  CuPy's current stream for a CuPy array, the stream a ``__cuda_array_interface__``
+  names; DLPack producers order their work before the stream given, the default one when
+  none is), else the vendor's default stream (0). Host memory is ordered only when the
+  call names a stream.
+
+It costs an event, not a synchronize: the call records an event on the caller's stream;
+phoenix's copy streams wait for it on the device (the file I/O into bounce buffers runs
+meanwhile), and memory the CPU or the disk writes directly waits for it on the host. A
+vendor without events makes phoenix synchronize the caller's stream before it submits
+(``phx info``, "caller_stream", says which). :mod:`phoenix.streams` finds the stream.
+
 Errors: :class:`~phoenix.errors.PhxIOError` (an OSError) naming the file, the offset
 and the length; a short read at end of file is a count, not an error.
 """
@@ -41,6 +64,7 @@ and the length; a short read at end of file is a count, not an error.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import errno as _errno
 import importlib
@@ -51,6 +75,8 @@ import weakref
 from dataclasses import dataclass
 
 from . import buffers as _buffers
+from . import checks as _checks
+from . import streams as _streams
 from ._core import core
 from .errors import PhxIOError, RegistrationError, extent_error
 
@@ -87,14 +113,18 @@ class _Config(ctypes.Structure):
         ("fmap_budget", ctypes.c_uint64),
         ("fmap_window", ctypes.c_uint64),
         ("fmap_register_flags", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
     ]
 
 
-def make_config(s: _settings.Settings) -> _Config:
+CFG_CPU_COPIES = 1  # PHX_CFG_CPU_COPIES: the vendor's copies are CPU copies (test doubles)
+
+
+def make_config(s: _settings.Settings, runtime=None) -> _Config:
     """``struct phx_io_config`` for a set of settings (every context is built from one)."""
+    flags = CFG_CPU_COPIES if runtime is not None and getattr(runtime, "is_test_double", False) else 0
     return _Config(s.threads, s.queue_depth, s.chunk_size, s.bounce_pool_size, ENGINE[s.engine],
-                   FMAP_MODE[s.fmap_mode], s.fmap_cache, s.fmap_window, s.fmap_register_flags, 0)
+                   FMAP_MODE[s.fmap_mode], s.fmap_cache, s.fmap_window, s.fmap_register_flags, flags)
 
 
 class _FmapInfo(ctypes.Structure):
@@ -127,6 +157,7 @@ class _Desc(ctypes.Structure):
         ("mem", ctypes.c_int32),
         ("device", ctypes.c_int32),
         ("mode", ctypes.c_int32),
+        ("after", ctypes.c_void_p),  # phx_fence *: the caller's stream point to wait for
     ]
 
 
@@ -162,6 +193,11 @@ _STAT_FIELDS = (
     "cache_hit_bytes", "cache_misses",
     "fmap_windows", "fmap_bytes", "fmap_hits", "fmap_misses", "pool_waits", "copy_flushes",
 )
+
+
+class _Sizes(ctypes.Structure):
+    _fields_ = [("bounce_pool", ctypes.c_uint64), ("chunk", ctypes.c_uint64), ("staged_chunk", ctypes.c_uint64),
+                ("max_slot", ctypes.c_uint64)]
 
 
 class _Stats(ctypes.Structure):
@@ -227,6 +263,10 @@ def _bind():
         "phx_fmap_wait": (ctypes.c_int, [_P, ctypes.c_int64]),
         "phx_fmap_clear": (ctypes.c_int, [_P]),
         "phx_io_get_stats": (None, [ctypes.POINTER(_Stats)]),
+        "phx_fence_record": (ctypes.c_int, [_P, ctypes.c_int, _P, ctypes.POINTER(_P)]),
+        "phx_fence_release": (None, [_P]),
+        "phx_ctx_ordering": (ctypes.c_int, [_P]),
+        "phx_ctx_sizes": (ctypes.c_int, [_P, ctypes.POINTER(_Sizes)]),
     }
     for name, (res, args) in protos.items():
         fn = getattr(lib, name)
@@ -285,7 +325,9 @@ class _Engine:
 
     Built for one set of pool settings and one runtime; replaced when either changes.
     Requests, futures and stream ops hold a reference; the context is destroyed (after
-    its I/O drains) when the last reference goes, or by :func:`shutdown`.
+    its I/O drains) when the last reference goes, or by :func:`shutdown`. A thread that
+    calls into the context holds it (:func:`_using_engine`): closing waits for it, so
+    the C context is never destroyed under a submission.
     """
 
     def __init__(self, s: _settings.Settings, runtime):
@@ -299,7 +341,7 @@ class _Engine:
         if dp is not None and dp.missing():
             dp = None  # staged and stream-ordered I/O will say ENODEV
         self._dp = dp
-        cfg = make_config(s)
+        cfg = make_config(s, runtime)
         handle = _P()
         rc = _lib.phx_ctx_create(ctypes.byref(cfg), ctypes.byref(dp) if dp is not None else None, ctypes.byref(handle))
         if rc < 0:
@@ -310,6 +352,9 @@ class _Engine:
         why = ctypes.create_string_buffer(256)
         self.engine = ENGINE_NAME.get(_lib.phx_ctx_engine(self.handle, why, len(why)), "?")
         self.engine_why = why.value.decode()
+        self._cv = threading.Condition()
+        self._users = 0
+        self._closing = False
         self._finalizer = weakref.finalize(self, _lib.phx_ctx_destroy, self.handle)
         _all_engines.add(self)
 
@@ -317,8 +362,31 @@ class _Engine:
     def has_data_path(self) -> bool:
         return self._dp is not None
 
+    @property
+    def usable(self) -> bool:
+        return not self._closing and self._finalizer.alive
+
+    def enter(self) -> bool:
+        """Hold the context for a call into it; False once it is closing."""
+        with self._cv:
+            if not self.usable:
+                return False
+            self._users += 1
+            return True
+
+    def leave(self) -> None:
+        with self._cv:
+            self._users -= 1
+            if not self._users:
+                self._cv.notify_all()
+
     def close(self) -> None:
-        """Destroy now: waits for the context's requests and stream ops."""
+        """Destroy now: waits for the threads calling into it, then (in C) for the
+        context's requests and stream ops."""
+        with self._cv:
+            self._closing = True
+            while self._users:
+                self._cv.wait()
         self._finalizer()
 
 
@@ -335,14 +403,27 @@ def _current_engine(s: _settings.Settings | None = None) -> _Engine:
     rt = _runtime()
     key = s.pool_key() + (id(rt),)
     e = _engine
-    if e is not None and e.key == key and e._finalizer.alive:
+    if e is not None and e.key == key and e.usable:
         return e
     with _engine_lock:
         e = _engine
-        if e is None or e.key != key or not e._finalizer.alive:
+        if e is None or e.key != key or not e.usable:
             # the old engine stays alive while its requests hold it, then goes
             _engine = e = _Engine(s, rt)
     return e
+
+
+@contextlib.contextmanager
+def _using_engine(s: _settings.Settings | None = None):
+    """The current engine, held for the block (shutdown() in another thread waits)."""
+    while True:
+        e = _current_engine(s)
+        if e.enter():
+            break
+    try:
+        yield e
+    finally:
+        e.leave()
 
 
 def prepare() -> dict:
@@ -354,8 +435,8 @@ def prepare() -> dict:
     not stall at its first read) calls this at start-up, before stream-ordered I/O.
     Returns ``{"engine", "bounce_bytes"}``.
     """
-    e = _current_engine()
-    n = _lib.phx_ctx_prepare(e.handle)
+    with _using_engine() as e:
+        n = _lib.phx_ctx_prepare(e.handle)
     if n < 0:
         raise PhxIOError(-n, None, 0, 0, "prepare: pinning the bounce pool")
     return {"engine": e.engine, "bounce_bytes": int(n)}
@@ -589,23 +670,51 @@ def _prune_stream_ops(wait: bool = False) -> None:
                 _stream_ops.discard(op)
 
 
-def _stream_handle(stream) -> int:
-    if stream is None:
-        return 0
-    if isinstance(stream, int):
-        return stream
-    for attr in ("cuda_stream", "ptr", "handle", "value"):
-        v = getattr(stream, attr, None)
-        if isinstance(v, int):
-            return v
-    raise TypeError(f"cannot use {type(stream).__name__} as a stream: pass the vendor's stream handle (an int)")
+class _Fences:
+    """The caller's stream points one call's requests wait for (``phx_fence_record``):
+    one per (device, stream) among its extents. Released after the requests naming them
+    are submitted (each request holds its own reference in the core)."""
+
+    __slots__ = ("engine", "fences")
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.fences: dict[tuple[int, int], int] = {}
+
+    def after(self, r: _Resolved, explicit: int | None, path, file_offset: int, what: str) -> int | None:
+        """The fence ``r``'s request waits for (an address; None: nothing to wait for)."""
+        stream = _streams.caller_stream(r.buf, r.mem, explicit)
+        if stream is None or r.size == 0:
+            return None
+        device = -1 if r.mem == _buffers.MEM_HOST else r.device  # host memory: the thread's current device
+        key = (device, stream)
+        if key in self.fences:
+            return self.fences[key] or None
+        if not self.engine.has_data_path:
+            raise PhxIOError(_errno.ENODEV, path, file_offset, r.size,
+                             f"{what}: stream={stream:#x} given, but no vendor runtime with a data path is selected "
+                             "to order with it (PHX_VENDOR)")
+        out = _P()
+        rc = _lib.phx_fence_record(self.engine.handle, device, stream, ctypes.byref(out))
+        if rc < 0:
+            raise PhxIOError(-rc, path, file_offset, r.size,
+                             f"{what}: cannot order with the caller's stream {stream:#x} on device {device}: the vendor "
+                             "refused to record an event on it (a destroyed stream, or another device's?)")
+        self.fences[key] = out.value or 0
+        return out.value or None
+
+    def release(self) -> None:
+        fences, self.fences = self.fences, {}
+        for f in fences.values():
+            if f:
+                _lib.phx_fence_release(f)
 
 
 # ---- buffer resolution --------------------------------------------------------------------
 
 
 class _Resolved:
-    __slots__ = ("buf", "addr", "size", "mem", "device", "why")
+    __slots__ = ("buf", "addr", "size", "foff", "mem", "device", "why")
 
     def release(self):
         if self.buf is not None:
@@ -616,23 +725,24 @@ class _Resolved:
 _RAW = _buffers.Buffer  # (for isinstance checks below)
 
 
-def _resolve(runtime, obj, size, buf_offset, writable, path, file_offset, what, cache=None) -> _Resolved:
-    """The extent of an I/O in ``obj``: checked, classified. Raises PhxIOError / TypeError."""
+def _resolve(runtime, obj, size, buf_offset, writable, path, file_offset, what, cache=None, stream=None) -> _Resolved:
+    """The extent of an I/O in ``obj``: checked, classified. Raises PhxIOError / TypeError.
+    ``stream``: the call's own stream handle, if it named one (a DLPack producer orders
+    its work before it)."""
+    size, file_offset, buf_offset = _checks.extent(size, file_offset, buf_offset, path, what)
     r = _Resolved()
-    if type(obj) is tuple and len(obj) == 2 and type(obj[0]) is int and type(obj[1]) is int and obj[0] > 0:
+    r.foff = file_offset
+    if type(obj) is tuple and len(obj) == 2 and type(obj[0]) is int and type(obj[1]) is int and \
+            0 < obj[0] and 0 <= obj[1] <= _checks.I64_MAX and obj[0] + obj[1] <= _checks.U64_MAX + 1:
         base, nbytes, kind, kdev, source = obj[0], obj[1], None, None, "raw"  # the common batch case: no Buffer
         r.buf = None
     else:
-        buf = _buffers.adapt(obj, writable=writable)
+        buf = _buffers.adapt(obj, writable=writable, stream=stream)
         base, nbytes, kind, kdev, source = buf.addr, buf.nbytes, buf.kind, buf.device, buf.source
         r.buf = buf
     try:
-        if buf_offset < 0 or file_offset < 0:
-            raise PhxIOError(_errno.EINVAL, path, file_offset, size or 0, f"{what}: negative offset")
         if size is None:
             size = max(0, nbytes - buf_offset)
-        if size < 0:
-            raise PhxIOError(_errno.EINVAL, path, file_offset, size, f"{what}: negative size")
         if buf_offset + size > nbytes:
             raise extent_error(path, file_offset, size,
                                f"{what}: buffer extent [{buf_offset}, +{size}) runs past the buffer's {nbytes} bytes")
@@ -738,17 +848,24 @@ class PhxFile:
 
     def __init__(self, path, mode: str = "r", *, direct: bool | None = None, sync: bool = False, perm: int = 0o644,
                  fd: int | None = None):
+        self._h = None
+        self._closed = True
+        if fd is not None:
+            fd = _checks.bounded(fd, "fd", "open", 0, 2**31 - 1)
         self.path = os.fspath(path) if fd is None or path is not None else f"<fd {fd}>"
         self.mode = mode
         flags = _open_flags(mode) | (F_SYNC if sync else 0)
+        perm = _checks.bounded(perm, "perm", "open", 0, 0o7777)
         dflag = DIRECT_AUTO if direct is None else DIRECT_ON if direct else DIRECT_OFF
         handle = _P()
         if fd is not None:
             rc = _lib.phx_file_from_fd(fd, dflag, ctypes.byref(handle))
         else:
-            rc = _lib.phx_file_open(os.fsencode(self.path), flags, perm, dflag, ctypes.byref(handle))
+            rc = _lib.phx_file_open(_checks.path_bytes(self.path), flags, perm, dflag, ctypes.byref(handle))
         if rc < 0:
             what = "open (O_DIRECT required by direct=True)" if direct and rc == -_errno.EINVAL else "open"
+            if rc == -_errno.ESPIPE:
+                what = "open: phoenix moves data at file offsets; a pipe/FIFO/socket (or a terminal) has none"
             raise PhxIOError(-rc, self.path, 0, 0, what)
         self._h = handle.value
         self._cv = threading.Condition()
@@ -855,28 +972,33 @@ class PhxFile:
 
     # -- I/O -----------------------------------------------------------------------------------
 
-    def _submit(self, op, buf, size, file_offset, buf_offset) -> IOFuture:
+    def _submit(self, op, buf, size, file_offset, buf_offset, stream) -> IOFuture:
         what = "pread" if op == OP_READ else "pwrite"
-        return _submit_many([(self, buf, size, file_offset, buf_offset, op)], what)[0]
+        return _submit_many([(self, buf, size, file_offset, buf_offset, op)], what, stream=stream)[0]
 
-    def pread(self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0) -> IOFuture:
+    def pread(self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0, *,
+              stream=None) -> IOFuture:
         """Read ``size`` bytes (default: to the end of ``buf``) at ``file_offset`` into
-        ``buf`` at ``buf_offset``; returns an :class:`IOFuture` of the byte count."""
-        return self._submit(OP_READ, buf, size, file_offset, buf_offset)
+        ``buf`` at ``buf_offset``; returns an :class:`IOFuture` of the byte count.
+        Ordered after the caller's stream (``stream``: see "Ordering with the caller's
+        stream" above); the bytes are in place once the future is done."""
+        return self._submit(OP_READ, buf, size, file_offset, buf_offset, stream)
 
-    def pwrite(self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0) -> IOFuture:
-        """Write ``size`` bytes of ``buf`` from ``buf_offset`` to the file at ``file_offset``."""
-        return self._submit(OP_WRITE, buf, size, file_offset, buf_offset)
+    def pwrite(self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0, *,
+               stream=None) -> IOFuture:
+        """Write ``size`` bytes of ``buf`` from ``buf_offset`` to the file at ``file_offset``
+        (after the work queued so far on the caller's stream has produced them)."""
+        return self._submit(OP_WRITE, buf, size, file_offset, buf_offset, stream)
 
-    def read(self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0) -> int:
+    def read(self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0, *, stream=None) -> int:
         """Blocking :meth:`pread`: the byte count (short at end of file)."""
-        return self.pread(buf, size, file_offset, buf_offset).result()
+        return self.pread(buf, size, file_offset, buf_offset, stream=stream).result()
 
-    def write(self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0) -> int:
+    def write(self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0, *, stream=None) -> int:
         """Blocking :meth:`pwrite`: the byte count."""
-        return self.pwrite(buf, size, file_offset, buf_offset).result()
+        return self.pwrite(buf, size, file_offset, buf_offset, stream=stream).result()
 
-    def read_many(self, buf, file_offsets, sizes, buf_offsets=None, *, check: bool = True):
+    def read_many(self, buf, file_offsets, sizes, buf_offsets=None, *, check: bool = True, stream=None):
         """Gather: read many extents of this file into one buffer in one call.
 
         ``file_offsets``, ``sizes`` and ``buf_offsets`` are sequences or NumPy arrays of
@@ -890,14 +1012,20 @@ class PhxFile:
         Returns an int64 array of byte counts (short at end of file). With ``check``
         (default), a failed extent raises :class:`PhxIOError` naming the first failed one
         and how many failed, after all have finished; without it, its entry is -errno.
+        Ordered after the caller's stream, as :meth:`read`.
         """
-        return self._many(OP_READ, buf, file_offsets, sizes, buf_offsets, check)
+        return self._many(OP_READ, buf, file_offsets, sizes, buf_offsets, check, stream)
 
-    def write_many(self, buf, file_offsets, sizes, buf_offsets=None, *, check: bool = True):
+    def write_many(self, buf, file_offsets, sizes, buf_offsets=None, *, check: bool = True, stream=None):
         """Scatter: write many extents of one buffer to this file (see :meth:`read_many`)."""
-        return self._many(OP_WRITE, buf, file_offsets, sizes, buf_offsets, check)
+        return self._many(OP_WRITE, buf, file_offsets, sizes, buf_offsets, check, stream)
 
-    def _many(self, op, buf, file_offsets, sizes, buf_offsets, check):
+    def _many(self, op, buf, file_offsets, sizes, buf_offsets, check, stream):
+        s = _settings.get()
+        with _using_engine(s) as engine:
+            return self._many_on(engine, s, op, buf, file_offsets, sizes, buf_offsets, check, stream)
+
+    def _many_on(self, engine, s, op, buf, file_offsets, sizes, buf_offsets, check, stream):
         import numpy as np
 
         what = "read_many" if op == OP_READ else "write_many"
@@ -907,17 +1035,17 @@ class PhxFile:
         live = np.flatnonzero(sz)
         if not live.size:
             return out
-        s = _settings.get()
-        engine = _current_engine(s)
+        explicit = None if stream is None else _streams.handle(stream)
         ends = bo + sz
         lo_i, hi_i = int(live[np.argmin(bo[live])]), int(live[np.argmax(ends[live])])
         # the buffer resolved at its lowest and its highest extent: the highest end inside
         # the buffer puts every extent inside it; one allocation, one kind of memory
         rs = []
+        fences = _Fences(engine)
         try:
             for i in (lo_i, hi_i):
                 rs.append(_resolve(engine.runtime, buf, int(sz[i]), int(bo[i]), op == OP_READ, self.path,
-                                   int(fo[i]), f"{what} (extent {i} of {n})"))
+                                   int(fo[i]), f"{what} (extent {i} of {n})", stream=explicit))
             r, e = rs
             if (r.mem, r.device) != (e.mem, e.device):
                 raise ValueError(f"{what}: the buffer's extents lie in different memory "
@@ -928,11 +1056,21 @@ class PhxFile:
                     _lib.phx_mem_probe(r.addr, span) == -_errno.EFAULT:
                 raise extent_error(self.path, int(fo[lo_i]), span,
                                    f"{what}: [{r.addr:#x}, +{span}) is not accessible memory (freed?)")
+            if r.mem != _buffers.MEM_HOST and engine.runtime is not None:
+                # every extent in the device allocation the lowest one is in: the two ends
+                # may each lie in an allocation, and the gap between them in the next one
+                info = engine.runtime.pointer_info(r.addr)
+                if info.size and r.addr + span > info.base + info.size:
+                    raise extent_error(self.path, int(fo[hi_i]), int(sz[hi_i]),
+                                       f"{what}: extents [{r.addr:#x}, +{span}) run past the device allocation "
+                                       f"[{info.base:#x}, +{info.size}) of extent {lo_i} (extent {hi_i} ends "
+                                       "outside it): nothing was moved")
             descs = np.zeros(n, _DESC_DTYPE)
             descs["addr"] = np.uint64(base) + bo.astype(np.uint64)
             descs["size"] = sz
             descs["file_offset"] = fo
             descs["op"], descs["mem"], descs["device"], descs["mode"] = op, r.mem, r.device, MODE[s.mode]
+            descs["after"] = fences.after(e, explicit, self.path, int(fo[lo_i]), what) or 0
             handles = np.zeros(n, np.uint64)
             h = self._enter()
             try:
@@ -960,6 +1098,7 @@ class PhxFile:
             finally:
                 self._leave()
         finally:
+            fences.release()
             for x in rs:
                 x.release()
         if err is not None:
@@ -967,12 +1106,18 @@ class PhxFile:
         return out
 
     def _stream(self, op, buf, size, file_offset, buf_offset, stream) -> StreamIO:
-        what = "read_async" if op == OP_READ else "write_async"
         s = _settings.get()
-        engine = _current_engine(s)
-        r = _resolve(engine.runtime, buf, size, buf_offset, op == OP_READ, self.path, file_offset, what)
+        with _using_engine(s) as engine:
+            return self._stream_on(engine, s, op, buf, size, file_offset, buf_offset, stream)
+
+    def _stream_on(self, engine, s, op, buf, size, file_offset, buf_offset, stream) -> StreamIO:
+        what = "read_async" if op == OP_READ else "write_async"
+        explicit = None if stream is None else _streams.handle(stream)
+        r = _resolve(engine.runtime, buf, size, buf_offset, op == OP_READ, self.path, file_offset, what,
+                     stream=explicit)
         keep = r.buf if r.buf is not None else _NOTHING
         try:
+            file_offset = r.foff
             _check_mode(r, s.mode, self.path, file_offset, what)
             if not engine.has_data_path:
                 raise PhxIOError(_errno.ENODEV, self.path, file_offset, r.size,
@@ -981,7 +1126,8 @@ class PhxFile:
             try:
                 d = _Desc(h, r.addr, r.size, file_offset, op, r.mem, r.device, MODE[s.mode])
                 sop = _P()
-                rc = _lib.phx_stream_io(engine.handle, ctypes.byref(d), _stream_handle(stream), None, ctypes.byref(sop))
+                on = _streams.caller_stream(r.buf, r.mem, explicit) or 0
+                rc = _lib.phx_stream_io(engine.handle, ctypes.byref(d), on, None, ctypes.byref(sop))
             finally:
                 self._leave()
             if rc < 0:
@@ -989,21 +1135,22 @@ class PhxFile:
         except BaseException:
             r.release()
             raise
-        op_obj = StreamIO(sop.value, engine, keep, self, what, file_offset, r.size)
+        op_obj = StreamIO(sop.value, engine, keep, self, what, r.foff, r.size)
         _prune_stream_ops()
         with _stream_lock:
             _stream_ops.add(op_obj)
         return op_obj
 
     def read_async(self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0,
-                   stream=0) -> StreamIO:
-        """Read ordered on ``stream``: work queued on it before this call has finished
-        when the read starts, work queued after sees the bytes. Returns a
-        :class:`StreamIO` whose ``bytes_done`` is bound when the stream gets there."""
+                   stream=None) -> StreamIO:
+        """Read ordered on ``stream`` (None: the caller's stream, found as for :meth:`read`):
+        work queued on it before this call has finished when the read starts, work queued
+        after sees the bytes. Returns a :class:`StreamIO` whose ``bytes_done`` is bound when
+        the stream gets there."""
         return self._stream(OP_READ, buf, size, file_offset, buf_offset, stream)
 
     def write_async(self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0,
-                    stream=0) -> StreamIO:
+                    stream=None) -> StreamIO:
         """Write ordered on ``stream`` (see :meth:`read_async`)."""
         return self._stream(OP_WRITE, buf, size, file_offset, buf_offset, stream)
 
@@ -1015,7 +1162,7 @@ def _desc_dtype():
     import numpy as np
 
     dt = np.dtype({"names": [f for f, _ in _Desc._fields_],
-                   "formats": ["<u8", "<u8", "<u8", "<i8", "<i4", "<i4", "<i4", "<i4"],
+                   "formats": ["<u8", "<u8", "<u8", "<i8", "<i4", "<i4", "<i4", "<i4", "<u8"],
                    "offsets": [getattr(_Desc, f).offset for f, _ in _Desc._fields_], "itemsize": ctypes.sizeof(_Desc)})
     return dt
 
@@ -1031,10 +1178,11 @@ def _many_arrays(file_offsets, sizes, buf_offsets, path, what):
         a = np.asarray(x)
         if a.size == 0:
             a = a.astype(np.int64)  # [] is float64 to NumPy
-        if a.dtype.kind not in "iub" or a.ndim > 1:
-            raise TypeError(f"{what}: {name} must be integers (a sequence or a 1-D array), got {a.dtype} {a.shape}")
-        if a.dtype.kind == "u" and a.size and int(a.max()) > 2**63 - 1:
-            raise PhxIOError(_errno.EINVAL, path, 0, 0, f"{what}: {name} holds a value past 2**63")
+        if a.dtype.kind not in "iu" or a.ndim > 1:
+            raise TypeError(f"{what}: {name} must be integers from 0 to 2**63-1 (a sequence or a 1-D integer array), "
+                            f"got {a.dtype} {a.shape}")
+        if a.dtype.kind == "u" and a.size and int(a.max()) > _checks.I64_MAX:
+            raise _checks.ArgumentError(_errno.EINVAL, path, 0, 0, f"{what}: {name} holds a value past 2**63-1")
         return a.astype(np.int64, copy=False)
 
     fo = arr(file_offsets, "file_offsets").ravel()
@@ -1055,7 +1203,13 @@ def _many_arrays(file_offsets, sizes, buf_offsets, path, what):
         neg = np.flatnonzero(a < 0)
         if neg.size:
             k = int(neg[0])
-            raise PhxIOError(_errno.EINVAL, path, int(fo[k]), int(sz[k]), f"{what}: extent {k}: negative {name}")
+            raise _checks.ArgumentError(_errno.EINVAL, path, int(fo[k]), int(sz[k]),
+                                        f"{what}: extent {k}: negative {name}")
+    past = np.flatnonzero(fo > _checks.I64_MAX - sz)  # (no int64 overflow: both are >= 0)
+    if past.size:
+        k = int(past[0])
+        raise _checks.ArgumentError(_errno.EINVAL, path, int(fo[k]), int(sz[k]),
+                                    f"{what}: extent {k} ends past 2**63-1, the largest file offset")
     return fo, sz, bo
 
 
@@ -1093,7 +1247,7 @@ _NOTHING = _Nothing()
 _FLUSH = 256  # requests per phx_submit: the first ones start while Python prepares the rest
 
 
-def _submit_many(reqs, what_default: str | None = None, want_futures: bool = True):
+def _submit_many(reqs, what_default: str | None = None, want_futures: bool = True, stream=None):
     """Submit requests; IOFutures, or (handles, buffers, meta, early) for a waiting batch.
 
     Requests are resolved in Python and handed to the core in groups of _FLUSH (one C
@@ -1101,9 +1255,15 @@ def _submit_many(reqs, what_default: str | None = None, want_futures: bool = Tru
     request refused in Python fails alone (for one request: raised).
     """
     s = _settings.get()
-    engine = _current_engine(s)
+    with _using_engine(s) as engine:
+        return _submit_on(engine, s, reqs, what_default, want_futures, stream)
+
+
+def _submit_on(engine, s, reqs, what_default, want_futures, stream):
+    explicit = None if stream is None else _streams.handle(stream)
     rt = engine.runtime
     mode = MODE[s.mode]
+    fences = _Fences(engine)
     single = len(reqs) == 1
     cache = None if single else _ClassCache()
     n_all = len(reqs)
@@ -1132,8 +1292,12 @@ def _submit_many(reqs, what_default: str | None = None, want_futures: bool = Tru
         pend.clear()
 
     try:
-        for i, (f, buf, size, file_offset, buf_offset, op) in enumerate(reqs):
-            opcode = _OPS.get(op)
+        for i, req in enumerate(reqs):
+            if isinstance(req, BaseException):  # malformed (_normalize): fails alone
+                early[i] = req
+                continue
+            f, buf, size, file_offset, buf_offset, op = req
+            opcode = _OPS.get(op) if isinstance(op, (str, int)) and not isinstance(op, bool) else None
             what = what_default or ("read" if opcode == OP_READ else "write")
             try:
                 if opcode is None:
@@ -1144,11 +1308,18 @@ def _submit_many(reqs, what_default: str | None = None, want_futures: bool = Tru
                         raise TypeError(f"request {i}: {type(f).__name__} is not a phoenix file (phoenix.io.open)")
                     f._enter()  # ValueError when closed
                     files[id(f)] = f
-                r = _resolve(rt, buf, size, buf_offset, opcode == OP_READ, f.path, file_offset, what, cache)
+                r = _resolve(rt, buf, size, buf_offset, opcode == OP_READ, f.path, file_offset, what, cache,
+                             stream=explicit)
+                file_offset = r.foff
                 if mode == 2 and r.mem == _buffers.MEM_DEVICE:
                     r.release()
                     _check_mode(r, s.mode, f.path, file_offset, what)
-            except (PhxIOError, TypeError, ValueError) as exc:
+                try:
+                    after = fences.after(r, explicit, f.path, file_offset, what)
+                except BaseException:
+                    r.release()
+                    raise
+            except Exception as exc:  # a malformed request fails alone (one request: raised)
                 if single:
                     raise
                 early[i] = exc
@@ -1156,6 +1327,7 @@ def _submit_many(reqs, what_default: str | None = None, want_futures: bool = Tru
             d = descs[len(pend)]
             d.file, d.addr, d.size, d.file_offset = f._h, r.addr, r.size, file_offset
             d.op, d.mem, d.device, d.mode = opcode, r.mem, r.device, mode
+            d.after = after
             bufs[i] = r.buf if r.buf is not None else _NOTHING
             meta[i] = (f, file_offset, r.size, what)
             pend.append(i)
@@ -1167,6 +1339,7 @@ def _submit_many(reqs, what_default: str | None = None, want_futures: bool = Tru
             bufs[i].release()
         raise
     finally:
+        fences.release()
         for f in files.values():
             f._leave()
     if not want_futures:
@@ -1182,25 +1355,36 @@ def _submit_many(reqs, what_default: str | None = None, want_futures: bool = Tru
 
 
 def _normalize(req, i: int):
+    """A request as (file, buf, size, file_offset, buf_offset, op), or the TypeError that
+    says why it is not one (returned, not raised: a malformed request fails alone)."""
     if isinstance(req, IORequest):
         return (req.file, req.buf, req.size, req.file_offset, req.buf_offset, req.op)
     if isinstance(req, dict):
+        unknown = set(req) - {"file", "buf", "size", "file_offset", "buf_offset", "op"}
+        if unknown or "file" not in req or "buf" not in req:
+            return TypeError(f"request {i}: a dict needs 'file' and 'buf' (and may have size, file_offset, "
+                             f"buf_offset, op){'; unknown keys ' + ', '.join(sorted(map(str, unknown))) if unknown else ''}")
         return (req["file"], req["buf"], req.get("size"), req.get("file_offset", 0), req.get("buf_offset", 0),
                 req.get("op", "read"))
-    t = tuple(req)
+    try:
+        t = tuple(req)
+    except TypeError:
+        return TypeError(f"request {i}: (file, buf, size, file_offset, buf_offset, op) expected, "
+                         f"got {type(req).__name__}")
     if not 2 <= len(t) <= 6:
-        raise TypeError(f"request {i}: (file, buf, size, file_offset, buf_offset, op) expected, got {len(t)} items")
+        return TypeError(f"request {i}: (file, buf, size, file_offset, buf_offset, op) expected, got {len(t)} items")
     defaults = (None, None, None, 0, 0, "read")
     return t + defaults[len(t):]
 
 
-def batch(requests, *, wait: bool = True):
+def batch(requests, *, wait: bool = True, stream=None):
     """Submit many requests at once.
 
     Each request is an :class:`IORequest`, a dict with those keys, or a tuple
     ``(file, buf, size=None, file_offset=0, buf_offset=0, op="read")``. A failed request
     fails alone. With ``wait`` (default) returns one result per request: the byte count,
     or the :class:`PhxIOError` (not raised); with ``wait=False`` the :class:`IOFuture` list.
+    Each request is ordered after its caller's stream (``stream``, else its buffer's).
     """
     reqs = [_normalize(r, i) for i, r in enumerate(requests)]
     if not reqs:
@@ -1208,18 +1392,18 @@ def batch(requests, *, wait: bool = True):
     if not wait:
         if len(reqs) == 1:
             try:
-                return _submit_many(reqs)
-            except (PhxIOError, TypeError, ValueError) as exc:
+                return _submit_many(reqs, stream=stream)
+            except Exception as exc:
                 return [IOFuture.failed(exc)]
-        return _submit_many(reqs)
+        return _submit_many(reqs, stream=stream)
     if len(reqs) == 1:
         try:
-            futs = _submit_many(reqs)
-        except (PhxIOError, TypeError, ValueError) as exc:
+            futs = _submit_many(reqs, stream=stream)
+        except Exception as exc:
             return [exc]
         err = futs[0].exception()
         return [err if err is not None else futs[0].result()]
-    handles, bufs, meta, early = _submit_many(reqs, want_futures=False)
+    handles, bufs, meta, early = _submit_many(reqs, want_futures=False, stream=stream)
     n = len(reqs)
     results = (ctypes.c_int64 * n)()
     _lib.phx_req_wait_all(handles, n, results, -1)  # one C call for all, no GIL
@@ -1316,12 +1500,39 @@ def stats() -> dict:
     return {name: getattr(st, name) for name in _STAT_FIELDS}
 
 
+def sizes() -> dict:
+    """The sizes the current worker pool runs with, as it resolved the settings: the bounce
+    pool (``auto`` sized), the chunk, the chunk of staged and bounced transfers (at most
+    the chunk, and small enough that two fit the pool: a small pool takes smaller staged
+    chunks, it is never refused) and the largest bounce slot, with a sentence saying so."""
+    sz = _Sizes()
+    with _using_engine() as e:
+        _lib.phx_ctx_sizes(e.handle, ctypes.byref(sz))
+    out = {name: getattr(sz, name) for name, _ in _Sizes._fields_}
+    mib = 1 << 20
+    why = f"bounce pool {sz.bounce_pool / mib:g} MiB, chunk {sz.chunk / mib:g} MiB"
+    if sz.staged_chunk < sz.chunk:
+        why += (f"; staged chunks {sz.staged_chunk / mib:g} MiB (two must fit the pool: raise "
+                "PHX_BOUNCE_POOL_SIZE for staged chunks of the full chunk size)")
+    out["why"] = why
+    return out
+
+
 # ---- the file-mapping registration cache (warm reads; phoenix/csrc/phx_io.h) ------------------
 
 
-def _live_engines() -> list:
+def _each_live_engine(fn) -> list:
+    """fn(engine) for every engine not closing, each held meanwhile."""
     with _engine_lock:
-        return [e for e in _all_engines if e._finalizer.alive]
+        engines = list(_all_engines)
+    out = []
+    for e in engines:
+        if e.enter():
+            try:
+                out.append(fn(e))
+            finally:
+                e.leave()
+    return out
 
 
 def fmap_wait(timeout: float | None = None) -> bool:
@@ -1329,25 +1540,21 @@ def fmap_wait(timeout: float | None = None) -> bool:
     next read of those ranges hits). For benchmarks and KV tiers: "the registration
     happens between agent rounds". False if ``timeout`` seconds passed first."""
     ns = -1 if timeout is None else max(0, int(timeout * 1e9))
-    ok = True
-    for e in _live_engines():
-        if _lib.phx_fmap_wait(e.handle, ns) != 0:
-            ok = False
-    return ok
+    return all(rc == 0 for rc in _each_live_engine(lambda e: _lib.phx_fmap_wait(e.handle, ns)))
 
 
 def fmap_clear() -> int:
     """Unregister and unmap every cached file mapping now (those a request is copying
     from go when it completes); returns how many were dropped."""
-    return sum(max(0, _lib.phx_fmap_clear(e.handle)) for e in _live_engines())
+    return sum(max(0, rc) for rc in _each_live_engine(lambda e: _lib.phx_fmap_clear(e.handle)))
 
 
 def fmap_info() -> dict:
     """The current pool's file-mapping cache: mode, budget, window, registered windows and
     bytes, queued registrations, windows the vendor refused, hits, misses, evictions."""
-    e = _current_engine()
     fi = _FmapInfo()
-    _lib.phx_fmap_query(e.handle, ctypes.byref(fi))
+    with _using_engine() as e:
+        _lib.phx_fmap_query(e.handle, ctypes.byref(fi))
     out = {name: getattr(fi, name) for name, _ in _FmapInfo._fields_ if name not in ("why", "mode")}
     out["mode"] = FMAP_MODE_NAME.get(fi.mode, str(fi.mode))
     out["why"] = fi.why.decode(errors="replace")
@@ -1356,11 +1563,11 @@ def fmap_info() -> dict:
 
 def _fmap_lookup(f: PhxFile, offset: int, length: int):
     """Test hook: the mapped address of [offset, +length) of ``f`` if cached, else None."""
-    e = _current_engine()
     addr = _P()
     h = f._enter()
     try:
-        rc = _lib.phx_fmap_lookup(e.handle, h, offset, length, ctypes.byref(addr))
+        with _using_engine() as e:
+            rc = _lib.phx_fmap_lookup(e.handle, h, offset, length, ctypes.byref(addr))
     finally:
         f._leave()
     return addr.value if rc == 0 else None
@@ -1384,6 +1591,10 @@ def capabilities(path=None) -> dict:
     out: dict = {"settings": {k: getattr(s, k) for k in _settings.DEFAULTS}}
     if s.bounce_pool_size == 0:
         out["settings"]["bounce_pool_size"] = "auto"
+    try:
+        out["sizes"] = sizes()
+    except Exception as exc:  # no engine can start: capabilities() still reports the rest
+        out["sizes"] = {"why": f"cannot start a worker pool: {exc}"}
     ok_uring, why_uring = _probe_engine("io_uring")
     _, why_auto = _probe_engine("auto")
     out["engines"] = {
@@ -1422,6 +1633,7 @@ def capabilities(path=None) -> dict:
         modes["direct"] = {"available": False, "why": "no vendor runtime selected"}
         modes["staged"] = {"available": False, "why": "no vendor runtime selected"}
         out["stream_ordered"] = {"available": False, "why": "no vendor runtime selected"}
+        out["caller_stream"] = {"by": "none", "why": "no vendor runtime selected: host memory only, nothing to order"}
     else:
         dp = None
         try:
@@ -1437,6 +1649,11 @@ def capabilities(path=None) -> dict:
         out["stream_ordered"] = {"available": not missing,
                                  "why": "host callbacks (launch_host_func) run the file I/O in stream order, in every "
                                         "mode" if not missing else "needs the vendor's launch_host_func"}
+        if missing:
+            out["caller_stream"] = {"by": "none", "why": "no data path: device memory cannot be used"}
+        else:
+            by_events = not dp.missing_events()
+            out["caller_stream"] = {"by": "events" if by_events else "synchronize", "why": dp.ordering()}
         try:
             ptr = rt.device_alloc(1 << 16, 0)
             try:

@@ -234,6 +234,8 @@ def _c_classify(addr: int, size: int, out_addr: int) -> int:
 
     out = _Class.from_address(out_addr)
     rt = _runtime
+    if rt is None:  # the driver closed meanwhile: no vendor to ask (None would say "host")
+        return -_errno.ESHUTDOWN
     try:
         mem, device, _ = buffers.classify(rt, addr, size)
         out.mem, out.device = mem, device

@@ -228,6 +228,13 @@ def cuda_shaped_protos(prefix: str) -> list[Proto]:
         Proto(f"{P}StreamSynchronize", _i, [_p]),
         Proto(f"{P}StreamDestroy", _i, [_p]),
         Proto(f"{P}LaunchHostFunc", _i, [_p, _p, _p]),
+        # events (optional: the I/O core orders with the caller's stream by them, else
+        # it synchronizes the stream; see phoenix.vendor.DataPathTable)
+        Proto(f"{P}EventCreateWithFlags", _i, [_pp, _u], optional=True),
+        Proto(f"{P}EventRecord", _i, [_p, _p], optional=True),
+        Proto(f"{P}StreamWaitEvent", _i, [_p, _p, _u], optional=True),
+        Proto(f"{P}EventSynchronize", _i, [_p], optional=True),
+        Proto(f"{P}EventDestroy", _i, [_p], optional=True),
         Proto(f"{P}PointerGetAttributes", _i, [_p, _p]),
         Proto(f"{P}DeviceSynchronize", _i, []),
         Proto(f"{P}GetLastError", _i, [], errors=NONE, optional=True),

@@ -24,13 +24,14 @@ from __future__ import annotations
 import ctypes
 import enum
 import inspect
+import math
 import os
 from dataclasses import dataclass, field
 
 from .errors import VendorNotImplemented
 
 #: Version of the :class:`DataPathTable` layout; bumped on any change to it.
-DATA_PATH_ABI = 1
+DATA_PATH_ABI = 2
 
 
 class CopyKind(enum.IntEnum):
@@ -84,6 +85,22 @@ class DataPathTable(ctypes.Structure):
 
     Signatures are the CUDA runtime's; a CUDA-shaped runtime fills the table with
     its own symbols. Every function returns the runtime's status (``success`` means ok).
+
+    :data:`REQUIRED` entries must all be there. The :data:`EVENTS` group orders I/O with
+    the caller's stream (the rule in :mod:`phoenix.io`) and is all or nothing:
+
+    * ``event_create(&ev, event_flags)`` makes an event on the current device;
+      ``event_record(ev, stream)`` marks the point "now" of ``stream`` (0: the current
+      device's default stream); ``event_synchronize(ev)`` blocks until the stream has
+      passed the latest record; ``event_destroy(ev)`` frees it (records in flight may
+      still complete). ``stream_wait_event(stream, ev, 0)`` makes work queued on
+      ``stream`` afterwards wait for the latest record of ``ev`` (of any stream and
+      device). ``get_device(&ordinal)`` is the calling thread's current device.
+    * With them, an I/O call on device memory records an event on the caller's stream;
+      phoenix's worker streams wait for it before their copies, and memory the CPU or
+      the disk writes directly waits for it on the host. Without them, phoenix
+      synchronizes the caller's stream before it submits (correct, but the caller's
+      thread waits for all its queued work first); ``phx info`` says which.
     """
 
     _fields_ = [
@@ -111,6 +128,20 @@ class DataPathTable(ctypes.Structure):
         ("host_register", ctypes.c_void_p),
         # int host_unregister(void *ptr)
         ("host_unregister", ctypes.c_void_p),
+        ("event_flags", ctypes.c_uint),  # flags for event_create (CUDA: 2, no timing)
+        ("reserved", ctypes.c_uint),
+        # int get_device(int *ordinal)
+        ("get_device", ctypes.c_void_p),
+        # int event_create(void **event, unsigned flags)
+        ("event_create", ctypes.c_void_p),
+        # int event_record(void *event, void *stream)
+        ("event_record", ctypes.c_void_p),
+        # int stream_wait_event(void *stream, void *event, unsigned flags)
+        ("stream_wait_event", ctypes.c_void_p),
+        # int event_synchronize(void *event)
+        ("event_synchronize", ctypes.c_void_p),
+        # int event_destroy(void *event)
+        ("event_destroy", ctypes.c_void_p),
     ]
 
     REQUIRED = (
@@ -124,9 +155,27 @@ class DataPathTable(ctypes.Structure):
         "host_unregister",
     )
 
+    #: ordering with the caller's stream by events (optional, all or none)
+    EVENTS = ("get_device", "event_create", "event_record", "stream_wait_event", "event_synchronize", "event_destroy")
+
     def missing(self) -> list[str]:
         """Names of the required entry points left NULL."""
         return [name for name in self.REQUIRED if not getattr(self, name)]
+
+    def missing_events(self) -> list[str]:
+        """Names of the :data:`EVENTS` entry points left NULL (all of them: no events)."""
+        return [name for name in self.EVENTS if not getattr(self, name)]
+
+    def ordering(self) -> str:
+        """How I/O on device memory is ordered with the caller's stream, in words."""
+        gone = self.missing_events()
+        if not gone:
+            return ("events: an event recorded on the caller's stream; phoenix's copy streams wait for it "
+                    "(stream_wait_event), direct I/O waits for it on the host")
+        if len(gone) == len(self.EVENTS):
+            return ("synchronizing: the vendor has no events, so the caller's stream is synchronized "
+                    "before each I/O call on device memory (correct, but the caller waits for its queued work)")
+        return f"synchronizing: the vendor's events are incomplete (missing {', '.join(gone)})"
 
 
 def _not_implemented(obj, op: str):
@@ -300,7 +349,9 @@ class VendorRuntime:
         """Return the raw C entry points the I/O core calls without the GIL.
 
         Every REQUIRED field must be a C function of the runtime library (or of
-        the port's own compiled code), never a Python callback.
+        the port's own compiled code), never a Python callback. The EVENTS group
+        (optional, all or none) orders I/O with the caller's stream; without it the
+        core synchronizes the caller's stream instead (see :class:`DataPathTable`).
         """
         _not_implemented(self, "data_path")
 
@@ -347,6 +398,6 @@ def parse_size(text: str | int) -> int:
             s, mult = s[:-1], m
             break
     value = float(s) * mult
-    if value < 0 or value != int(value):
+    if not math.isfinite(value) or value < 0 or value != int(value):
         raise ValueError(f"bad size {text!r}")
     return int(value)

@@ -43,6 +43,7 @@ DEFECTS = {
     "wrong_pointer_base": "pointer_queries",
     "wrong_pointer_device": "pointer_queries",
     "crash_on_double_free": "errors",
+    "skip_stream_wait": "io_caller_stream",
 }
 
 

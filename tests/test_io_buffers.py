@@ -59,8 +59,13 @@ def test_raw_pairs_and_refusals():
     assert (b.addr, b.nbytes, b.kind, b.source) == (0x1000, 64, None, "raw")
     with pytest.raises(TypeError, match=r"\(ptr, nbytes\)"):
         pb.adapt(0x1000, writable=True)
-    with pytest.raises(TypeError, match="non-NULL"):
+    with pytest.raises(ValueError, match="non-NULL"):
         pb.adapt((0, 10), writable=True)
+    for bad in ((0x1000, 2**64 + 16), (0x1000, -1), (2**64, 1), (2**64 - 4096, 8192)):
+        with pytest.raises(ValueError, match="raw buffer"):  # never wrapped to 64 bits
+            pb.adapt(bad, writable=True)
+    with pytest.raises(TypeError):  # a bool is not a size
+        pb.adapt((0x1000, True), writable=True)
     with pytest.raises(TypeError, match="cannot do I/O"):
         pb.adapt(object(), writable=True)
 

@@ -68,8 +68,12 @@ def test_json_report(host_run):
     assert report["phoenix_version"] == __version__
     caps = {c["capability"]: c for c in report["capabilities"]}
     assert list(caps) == CAPS
-    assert all(c["result"] == "pass" and c["failed"] == 0 and c["skipped"] == 0 for c in caps.values()), caps
-    assert report["totals"]["failed"] == 0 and report["totals"]["passed"] == len(report["tests"])
+    assert all(c["result"] == "pass" and c["failed"] == 0 for c in caps.values()), caps
+    # nothing skipped but the framework tests (torch, CuPy: not installed here, or no GPU)
+    skipped = [t["test"] for t in report["tests"] if t["outcome"] == "skipped"]
+    assert all("torch" in t or "cupy" in t for t in skipped), skipped
+    assert report["totals"]["failed"] == 0
+    assert report["totals"]["passed"] + report["totals"]["skipped"] == len(report["tests"])
     assert len(report["vendor_info"]["devices"]) == 2
     assert str(report_dir / "conformance-host.json") in proc.stdout
 

@@ -67,6 +67,8 @@ CAPABILITIES: dict[str, str] = {
     "io_eof": "short reads at end of file return the count; bytes beyond it untouched",
     "io_concurrency": "reads and writes from several threads at once, checked against a reference",
     "io_stream_ordering": "read_async/write_async keep stream order with copies and host callbacks",
+    "io_caller_stream": "blocking calls and futures run after work queued on the caller's stream (raw handles, "
+                        "default and side streams, torch and CuPy current streams)",
     "io_extents": "an extent past its registration or allocation: EFAULT, nothing written (guards checked)",
     "io_errors": "closed file, wrong open mode, ENOSPC, bad arguments: PhxIOError naming file, offset, length",
 }

@@ -28,6 +28,13 @@ SIGNATURES = {  # the C signatures of phoenix/csrc/phx_vendor.h (CUDA's)
     "launch_host_func": ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p),
     "host_register": ctypes.CFUNCTYPE(c_int, c_void_p, c_size_t, c_uint),
     "host_unregister": ctypes.CFUNCTYPE(c_int, c_void_p),
+    # the events group (optional, all or none)
+    "get_device": ctypes.CFUNCTYPE(c_int, ctypes.POINTER(c_int)),
+    "event_create": ctypes.CFUNCTYPE(c_int, ctypes.POINTER(c_void_p), c_uint),
+    "event_record": ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p),
+    "stream_wait_event": ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_uint),
+    "event_synchronize": ctypes.CFUNCTYPE(c_int, c_void_p),
+    "event_destroy": ctypes.CFUNCTYPE(c_int, c_void_p),
 }
 
 
@@ -57,7 +64,8 @@ class Raw:
     def __init__(self, table: DataPathTable):
         self.table = table
         for name, proto in SIGNATURES.items():
-            setattr(self, "_" + name, proto(getattr(table, name)))
+            if getattr(table, name):
+                setattr(self, "_" + name, proto(getattr(table, name)))
 
     def __getattr__(self, name):
         fn = self.__dict__.get("_" + name)
@@ -87,10 +95,18 @@ def test_copy_kinds_distinct(table):
     assert len(set(kinds)) == 4, f"kinds h2h/h2d/d2h/d2d must be distinct, got {kinds}"
 
 
+def test_events_all_or_none(table):
+    """The events group is complete or absent (absent: the core synchronizes the caller's
+    stream instead, and phx info says so)."""
+    gone = table.missing_events()
+    assert gone in ([], list(DataPathTable.EVENTS)), f"the events group is incomplete: missing {gone}"
+
+
 def test_entries_are_c_functions(table):
-    """Each REQUIRED entry lies in a loaded shared object: C code, not a Python callback."""
+    """Each REQUIRED entry (and event entry) lies in a loaded shared object: C code, not a
+    Python callback."""
     bad = {}
-    for name in DataPathTable.REQUIRED:
+    for name in DataPathTable.REQUIRED + tuple(n for n in DataPathTable.EVENTS if getattr(table, n)):
         where = _shared_object_of(getattr(table, name))
         if where is None or "libffi" in where:
             bad[name] = where or "no loaded object (a ctypes/Python callback?)"
@@ -135,3 +151,44 @@ def test_raw_host_register(rt, mem, table):
         assert info.type.value == "host_pinned", f"memory registered through the raw table is reported as {info}"
     finally:
         raw.host_unregister(c_void_p(buf.ctypes.data))
+
+
+def test_raw_events_order_two_streams(rt, mem, rng, table, chelper):
+    """An event recorded on stream A (held, then a copy into device memory) and waited for
+    by stream B: B's copy out of that memory sees A's bytes; event_synchronize returns
+    after A passed the record; get_device names the current device."""
+    if table.missing_events():
+        pytest.skip("the vendor has no events: the I/O core synchronizes the caller's stream instead")
+    raw = Raw(table)
+    n = 256 * 1024 + 7
+    cur = c_int(-1)
+    raw.get_device(ctypes.byref(cur))
+    raw.set_device(0)
+    raw.get_device(ctypes.byref(cur))
+    assert cur.value == 0, f"get_device says {cur.value} after set_device(0)"
+    a, b, ev = c_void_p(), c_void_p(), c_void_p()
+    raw.stream_create(ctypes.byref(a), table.stream_flags)
+    raw.stream_create(ctypes.byref(b), table.stream_flags)
+    raw.event_create(ctypes.byref(ev), table.event_flags)
+    try:
+        src, src_view = mem.pinned(n)
+        out, out_view = mem.pinned(n)
+        dev = mem.dev(n)
+        data = random_bytes(rng, n)
+        src_view[:] = data
+        out_view[:] = POISON
+        hold = chelper.task(sleep_s=0.1)
+        raw.launch_host_func(a, c_void_p(chelper.fn), c_void_p(hold.address))
+        raw.memcpy_async(c_void_p(dev), c_void_p(src), n, table.kind_h2d, a)
+        raw.event_record(ev, a)
+        raw.stream_wait_event(b, ev, 0)
+        raw.memcpy_async(c_void_p(out), c_void_p(dev), n, table.kind_d2h, b)
+        raw.stream_synchronize(b)
+        assert hold.calls == 1, "stream B finished before the callback that held stream A ran: it did not wait"
+        assert_bytes(out_view, data, "a copy on stream B after stream_wait_event of an event recorded on stream A")
+        raw.event_synchronize(ev)
+    finally:
+        raw.stream_synchronize(a)
+        raw.event_destroy(ev)
+        raw.stream_destroy(a)
+        raw.stream_destroy(b)

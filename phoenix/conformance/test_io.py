@@ -44,6 +44,7 @@ import phoenix.settings as ps
 from phoenix.errors import PhxIOError
 
 from .plugin import (
+    CHUNK,
     D2H,
     H2D,
     POISON,
@@ -67,53 +68,7 @@ stream_ordering = pytest.mark.capability("io_stream_ordering")
 extents = pytest.mark.capability("io_extents")
 io_errors = pytest.mark.capability("io_errors")
 
-ENGINES = ("io_uring", "threads")
-MODES = ("auto", "staged", "direct")
-#: small chunks, so that modest sizes span several chunks (and chunk boundaries)
-CHUNK = 64 * KiB
-#: a small bounce pool: quick to pin on a real accelerator, still many chunks in flight
-BOUNCE = 16 * MiB
 GiB = 1 << 30
-
-
-# -- fixtures -------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def io(rt):
-    """phoenix.io bound to the runtime under test; what it can do here (``capabilities()``)."""
-    pio.use_runtime(rt)
-    try:
-        yield pio.capabilities()
-    finally:
-        pio.shutdown()
-        pio.use_runtime(None)
-
-
-@pytest.fixture(params=ENGINES)
-def engine(request, io):
-    """Each I/O engine in turn (small chunks and bounce pool for the test)."""
-    name = request.param
-    selected = ps.get().engine  # PHX_IO_ENGINE: `phx-port test --engine`
-    if selected != "auto" and selected != name:
-        pytest.skip(f"this run selects the {selected} engine (PHX_IO_ENGINE={selected})")
-    info = io["engines"][name]
-    if not info["available"]:
-        pytest.skip(f"the {name} engine is not available here: {info['why']}")
-    with ps.override(engine=name, chunk_size=CHUNK, bounce_pool_size=BOUNCE):
-        yield name
-
-
-@pytest.fixture(params=MODES)
-def mode(request, io, engine):
-    """Each mode in turn: ``direct`` only where the vendor's device memory is direct-capable."""
-    name = request.param
-    if name != "auto":
-        info = io["modes"][name]
-        if not info["available"]:
-            pytest.skip(f"mode {name} is not possible with this vendor: {info['why']}")
-    with ps.override(mode=name):
-        yield name
 
 
 def staged_path(io, mode: str) -> bool:

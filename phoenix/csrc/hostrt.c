@@ -848,7 +848,11 @@ struct stream {
 static pthread_mutex_t g_streams_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct stream **g_streams; /* live created streams, sorted by id (ids only grow) */
 static size_t g_nstreams, g_capstreams;
-static uint64_t g_next_stream_id = 1;
+/* Created streams' and events' handles start here: 0 is the default stream, and 1 and 2
+ * are CUDA's cudaStreamLegacy and cudaStreamPerThread, which name the default stream
+ * here too (one default stream per device: no per-thread ones). */
+#define HANDLE_BASE 16
+static uint64_t g_next_stream_id = HANDLE_BASE;
 
 static void *stream_worker(void *arg)
 {
@@ -905,9 +909,16 @@ static struct stream *stream_new(int device)
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->work, NULL);
     pthread_cond_init(&s->idle, NULL);
-    /* The worker blocks asynchronous signals: they belong to the application's threads. */
+    /* The worker blocks asynchronous signals: they belong to the application's threads.
+     * Not the synchronous ones: a fault the worker itself raises (SIGBUS: a copy from a
+     * file mapping whose file was truncated) must reach the process's handler (phoenix's
+     * file-mapping fault guard, faulthandler); blocked, the kernel kills the process. */
     sigset_t all, old;
     sigfillset(&all);
+    sigdelset(&all, SIGBUS);
+    sigdelset(&all, SIGSEGV);
+    sigdelset(&all, SIGFPE);
+    sigdelset(&all, SIGILL);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     int err = pthread_create(&s->worker, NULL, stream_worker, s);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -932,14 +943,15 @@ static ptrdiff_t registry_find(uint64_t id)
     return (lo < g_nstreams && g_streams[lo]->id == id) ? (ptrdiff_t)lo : -1;
 }
 
-/* Resolve a handle to a stream and hold a reference; 0 is the current device's default
- * stream (created at first use, never destroyed). Release with stream_release. */
+/* Resolve a handle to a stream and hold a reference; 0 (and its aliases 1 and 2) is the
+ * current device's default stream (created at first use, never destroyed). Release with
+ * stream_release. */
 static int stream_acquire(phxrtStream_t handle, struct stream **out)
 {
     uint64_t id = (uintptr_t)handle;
     int rc = PHXRT_SUCCESS;
     pthread_mutex_lock(&g_streams_mu);
-    if (id == 0) {
+    if (id <= 2) {
         struct device *d = current_device(&rc);
         if (d && !d->default_stream && !(d->default_stream = stream_new(tls_device)))
             rc = PHXRT_ERR_MEMORY_ALLOCATION;
@@ -1289,29 +1301,39 @@ int RT(Memset)(void *device_ptr, int value, size_t n)
 
 /* -- events ---------------------------------------------------------------------------
  *
- * An event is an id (like a stream handle, so a destroyed one is recognised) naming a
- * counter pair: Record queues a marker op on the stream that raises `completed` to the
- * record's number when the worker reaches it. A queued marker holds a reference, so
- * Destroy with records in flight is safe (CUDA allows it). Locks: g_events_mu guards the
- * registry and reference counts, each event's mu its counters; never nested. */
+ * An event is an id (like a stream handle, so a destroyed one is recognised) naming its
+ * latest record: Record queues a marker op on the stream that marks that record done
+ * when the worker reaches it. Query, Synchronize and StreamWaitEvent look at the latest
+ * record at the time of the call, as CUDA's do (a later Record does not change what an
+ * earlier wait waits for; an event never recorded is complete). StreamWaitEvent queues
+ * an op that holds the waiting stream until the record is done. Queued markers and waits
+ * hold references, so Destroy with work in flight is safe (CUDA allows it). Locks:
+ * g_events_mu guards the registry and the events' reference counts, each event's mu its
+ * records (and their reference counts); never nested. */
+
+struct event_record {
+    unsigned refs; /* the event while it is the latest, the queued marker, waiters (ev->mu) */
+    int done;
+};
 
 struct event {
     uint64_t id;
     unsigned refs;
     pthread_mutex_t mu;
     pthread_cond_t done;
-    uint64_t recorded, completed;
+    struct event_record *last; /* the latest record (NULL: never recorded) */
 };
 
-struct event_marker {
+/* A queued marker or wait: the event (one reference) and the record it is about. */
+struct event_op {
     struct event *ev;
-    uint64_t seq;
+    struct event_record *rec;
 };
 
 static pthread_mutex_t g_events_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct event **g_events; /* live events, sorted by id (ids only grow) */
 static size_t g_nevents, g_capevents;
-static uint64_t g_next_event_id = 1;
+static uint64_t g_next_event_id = HANDLE_BASE;
 
 static ptrdiff_t event_find(uint64_t id) /* g_events_mu held */
 {
@@ -1338,12 +1360,19 @@ static int event_acquire(phxrtEvent_t handle, struct event **out)
     return i >= 0 ? PHXRT_SUCCESS : PHXRT_ERR_INVALID_RESOURCE_HANDLE;
 }
 
+static void record_unref(struct event_record *r) /* the event's mu held (or its last reference) */
+{
+    if (r && --r->refs == 0)
+        free(r);
+}
+
 static void event_release(struct event *ev)
 {
     pthread_mutex_lock(&g_events_mu);
     int last = --ev->refs == 0;
     pthread_mutex_unlock(&g_events_mu);
     if (last) {
+        record_unref(ev->last);
         pthread_cond_destroy(&ev->done);
         pthread_mutex_destroy(&ev->mu);
         free(ev);
@@ -1353,15 +1382,40 @@ static void event_release(struct event *ev)
 /* The marker op: runs on the stream's worker once all earlier work on it finished. */
 static void event_fire(void *arg)
 {
-    struct event_marker *m = arg;
-    struct event *ev = m->ev;
+    struct event_op *op = arg;
+    struct event *ev = op->ev;
     pthread_mutex_lock(&ev->mu);
-    if (m->seq > ev->completed)
-        ev->completed = m->seq;
+    op->rec->done = 1;
+    record_unref(op->rec);
     pthread_cond_broadcast(&ev->done);
     pthread_mutex_unlock(&ev->mu);
-    free(m);
+    free(op);
     event_release(ev);
+}
+
+/* The wait op: holds the waiting stream until the record it was queued for is done. */
+static void event_wait_op(void *arg)
+{
+    struct event_op *op = arg;
+    struct event *ev = op->ev;
+    pthread_mutex_lock(&ev->mu);
+    while (!op->rec->done)
+        pthread_cond_wait(&ev->done, &ev->mu);
+    record_unref(op->rec);
+    pthread_mutex_unlock(&ev->mu);
+    free(op);
+    event_release(ev);
+}
+
+/* The latest record of ev with a reference for the caller, or NULL (never recorded). */
+static struct event_record *event_latest(struct event *ev)
+{
+    pthread_mutex_lock(&ev->mu);
+    struct event_record *r = ev->last;
+    if (r)
+        r->refs++;
+    pthread_mutex_unlock(&ev->mu);
+    return r;
 }
 
 int RT(EventCreateWithFlags)(phxrtEvent_t *event, unsigned flags)
@@ -1411,20 +1465,70 @@ int RT(EventRecord)(phxrtEvent_t event, phxrtStream_t stream)
         event_release(ev);
         return report(rc);
     }
-    struct event_marker *m = malloc(sizeof *m);
-    if (!m) {
+    struct event_op *op = malloc(sizeof *op);
+    struct event_record *r = calloc(1, sizeof *r);
+    if (!op || !r) {
+        free(op);
+        free(r);
         stream_release(s);
         event_release(ev);
         return report(PHXRT_ERR_MEMORY_ALLOCATION);
     }
+    r->refs = 2; /* the event (as its latest record) and the marker */
+    op->ev = ev; /* the reference taken above now belongs to the marker */
+    op->rec = r;
     pthread_mutex_lock(&ev->mu);
-    m->ev = ev; /* the reference taken above now belongs to the marker */
-    m->seq = ++ev->recorded;
+    record_unref(ev->last);
+    ev->last = r;
     pthread_mutex_unlock(&ev->mu);
-    rc = stream_push(s, &(struct op){.fn = event_fire, .arg = m});
+    rc = stream_push(s, &(struct op){.fn = event_fire, .arg = op});
     stream_release(s);
     if (rc != PHXRT_SUCCESS) { /* never queued: complete it here, so waiters do not hang */
-        event_fire(m);
+        event_fire(op);
+        return report(rc);
+    }
+    return PHXRT_SUCCESS;
+}
+
+int RT(StreamWaitEvent)(phxrtStream_t stream, phxrtEvent_t event, unsigned flags)
+{
+    ENSURE_INIT();
+    if (flags)
+        return report(PHXRT_ERR_INVALID_VALUE); /* CUDA's only flag waits on external events */
+    struct event *ev;
+    int rc = event_acquire(event, &ev);
+    if (rc != PHXRT_SUCCESS)
+        return report(rc);
+    struct stream *s;
+    if ((rc = stream_acquire(stream, &s)) != PHXRT_SUCCESS) {
+        event_release(ev);
+        return report(rc);
+    }
+    struct event_record *r = event_latest(ev);
+    if (!r) { /* never recorded: nothing to wait for */
+        stream_release(s);
+        event_release(ev);
+        return PHXRT_SUCCESS;
+    }
+    struct event_op *op = malloc(sizeof *op);
+    if (!op) {
+        pthread_mutex_lock(&ev->mu);
+        record_unref(r);
+        pthread_mutex_unlock(&ev->mu);
+        stream_release(s);
+        event_release(ev);
+        return report(PHXRT_ERR_MEMORY_ALLOCATION);
+    }
+    op->ev = ev; /* the references taken above now belong to the wait op */
+    op->rec = r;
+    rc = stream_push(s, &(struct op){.fn = event_wait_op, .arg = op});
+    stream_release(s);
+    if (rc != PHXRT_SUCCESS) {
+        pthread_mutex_lock(&ev->mu);
+        record_unref(r);
+        pthread_mutex_unlock(&ev->mu);
+        free(op);
+        event_release(ev);
         return report(rc);
     }
     return PHXRT_SUCCESS;
@@ -1438,7 +1542,7 @@ int RT(EventQuery)(phxrtEvent_t event)
     if (rc != PHXRT_SUCCESS)
         return report(rc);
     pthread_mutex_lock(&ev->mu);
-    int done = ev->completed >= ev->recorded;
+    int done = !ev->last || ev->last->done;
     pthread_mutex_unlock(&ev->mu);
     event_release(ev);
     return done ? PHXRT_SUCCESS : PHXRT_ERR_NOT_READY; /* not an error: not recorded */
@@ -1452,9 +1556,13 @@ int RT(EventSynchronize)(phxrtEvent_t event)
     if (rc != PHXRT_SUCCESS)
         return report(rc);
     pthread_mutex_lock(&ev->mu);
-    uint64_t target = ev->recorded; /* the last record before this call */
-    while (ev->completed < target)
-        pthread_cond_wait(&ev->done, &ev->mu);
+    struct event_record *r = ev->last; /* the latest record before this call */
+    if (r) {
+        r->refs++;
+        while (!r->done)
+            pthread_cond_wait(&ev->done, &ev->mu);
+        record_unref(r);
+    }
     pthread_mutex_unlock(&ev->mu);
     event_release(ev);
     return PHXRT_SUCCESS;
@@ -1466,7 +1574,7 @@ int RT(EventDestroy)(phxrtEvent_t event)
     struct event *ev = NULL;
     pthread_mutex_lock(&g_events_mu);
     ptrdiff_t i = event ? event_find((uintptr_t)event) : -1;
-    if (i >= 0) { /* unlink; queued markers keep their references */
+    if (i >= 0) { /* unlink; queued markers and waits keep their references */
         ev = g_events[i];
         memmove(&g_events[i], &g_events[i + 1], (g_nevents - (size_t)i - 1) * sizeof *g_events);
         g_nevents--;

@@ -14,7 +14,10 @@
  *     device side is an error) and check that a device extent lies inside one live
  *     allocation.
  *   - Each stream is an ordered worker thread; LaunchHostFunc queues a plain C call
- *     that runs on that worker in stream order (never Python).
+ *     that runs on that worker in stream order (never Python). Events mark a point of
+ *     a stream (EventRecord); StreamWaitEvent holds another stream until it is reached.
+ *     Stream handles 1 and 2 (CUDA's cudaStreamLegacy, cudaStreamPerThread) name the
+ *     default stream, as 0 does.
  *
  * The symbol prefix is PHXRT_PREFIX (default phxh: phxhMalloc, phxhMemcpyAsync, ...),
  * so the same source builds CUDA-shaped emulators with another prefix for tests
@@ -174,6 +177,7 @@ int RT(EventRecord)(phxrtEvent_t event, phxrtStream_t stream);
 int RT(EventQuery)(phxrtEvent_t event);        /* SUCCESS when its last record ran, NOT_READY otherwise */
 int RT(EventSynchronize)(phxrtEvent_t event);
 int RT(EventDestroy)(phxrtEvent_t event);
+int RT(StreamWaitEvent)(phxrtStream_t stream, phxrtEvent_t event, unsigned flags); /* flags must be 0 */
 
 /* Not a CUDA call: the mark of the test double. Says what this library is (the host
  * runtime, or an emulator and its prefix); no real runtime exports a symbol of this

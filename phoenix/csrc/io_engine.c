@@ -204,23 +204,56 @@ static void idle_remove_locked(phx_ctx *ctx, struct io_worker *w)
     w->idle = 0;
 }
 
-static void queue_push(phx_ctx *ctx, struct io_chunk *head, struct io_chunk *tail, int n)
+static void queue_push(phx_ctx *ctx, struct io_chunk *head, struct io_chunk *tail, int n, int internal)
 {
     if (!head)
         return;
     pthread_mutex_lock(&ctx->qmu);
-    if (ctx->q_tail)
-        ctx->q_tail->next = head;
+    struct io_chunk **qh = internal ? &ctx->iq_head : &ctx->q_head, **qt = internal ? &ctx->iq_tail : &ctx->q_tail;
+    if (*qt)
+        (*qt)->next = head;
     else
-        ctx->q_head = head;
-    ctx->q_tail = tail;
-    ctx->qlen += n;
+        *qh = head;
+    *qt = tail;
+    if (!internal)
+        ctx->qlen += n;
+    if (internal && ctx->nidle == 0) {
+        /* no idle worker: wake them all, a worker whose chunks are parked takes these */
+        for (int i = 0; i < ctx->nworkers; i++)
+            worker_wake(&ctx->workers[i]);
+    }
     for (; n > 0 && ctx->nidle > 0; n--) {
         struct io_worker *w = ctx->idle[--ctx->nidle];
         w->idle = 0;
         worker_wake(w);
     }
     pthread_mutex_unlock(&ctx->qmu);
+}
+
+/* A worker may start another internal chunk: fewer than its capacity are in their I/O
+ * (parked chunks hold no ring entry and no slot). */
+static int internal_room(const struct io_worker *w)
+{
+    return w->owned - w->nparked < w->cap;
+}
+
+/* Take one chunk of the internal queue, if any. */
+static struct io_chunk *internal_take(struct io_worker *w)
+{
+    phx_ctx *ctx = w->ctx;
+    if (!__atomic_load_n(&ctx->iq_head, __ATOMIC_RELAXED))
+        return NULL;
+    pthread_mutex_lock(&ctx->qmu);
+    struct io_chunk *ch = ctx->iq_head;
+    if (ch) {
+        ctx->iq_head = ch->next;
+        if (!ctx->iq_head)
+            ctx->iq_tail = NULL;
+        ch->next = NULL;
+        idle_remove_locked(ctx, w);
+    }
+    pthread_mutex_unlock(&ctx->qmu);
+    return ch;
 }
 
 /* Take up to n chunks; the worker is no longer idle if it takes any. */
@@ -266,7 +299,7 @@ static int idle_register(struct io_worker *w)
     phx_ctx *ctx = w->ctx;
     int can_take = w->owned < w->cap && w->owned_bytes < w->bytes_cap && !w->parked_head;
     pthread_mutex_lock(&ctx->qmu);
-    if (can_take && ctx->q_head) {
+    if ((can_take && ctx->q_head) || (ctx->iq_head && internal_room(w))) {
         pthread_mutex_unlock(&ctx->qmu);
         return 0;
     }
@@ -303,6 +336,8 @@ static void req_complete(phx_req *r)
     int file_ref = r->file_ref;
     if (r->fmap_write)
         fmap_write_end(ctx, f);
+    phx_fence_release(r->fence); /* (no vendor call: may run in a stream callback) */
+    r->fence = NULL;
     STAT_ADD(requests, -1); /* before file_put: once close() returns, counters are settled */
     io_set_flag(&r->state);
     if (cb)
@@ -357,12 +392,24 @@ static void *worker_stream(struct io_worker *w, int dev)
     return w->streams[dev];
 }
 
+/* A chunk's bounce slot goes back: to the pool, or (a stream op's own request, which
+ * never waits for the pool) to the allocator. */
+static void slot_free(struct io_chunk *ch)
+{
+    if (!ch->slot)
+        return;
+    if (ch->req->internal)
+        free(ch->slot);
+    else
+        pool_free(&ch->req->ctx->pool, ch->slot, ch->slot_bytes);
+    ch->slot = NULL;
+}
+
 /* Stream callback: a staged read's device copy is done. No vendor call, no Python. */
 static void cb_read_copied(void *arg)
 {
     struct io_chunk *ch = arg;
-    pool_free(&ch->req->ctx->pool, ch->slot, ch->slot_bytes);
-    ch->slot = NULL;
+    slot_free(ch);
     chunk_finish(ch);
 }
 
@@ -428,7 +475,7 @@ static void *queue_dev_copy(struct io_worker *w, struct io_chunk *ch, int to_dev
 {
     const struct phx_dp_table *dp = &w->ctx->dp;
     void *stream = worker_stream(w, ch->req->device);
-    if (!stream)
+    if (!stream || fence_order_copy(w, ch->req->device, stream, ch->req->fence) < 0)
         return NULL;
     char *slot = ch->slot + ch->slot_off;
     int rc = to_device ? dp->memcpy_async(ch->user, slot, ch->got, dp->kind_h2d, stream)
@@ -453,21 +500,18 @@ static int dev_copy_to_slot(struct io_worker *w, struct io_chunk *ch, phx_host_f
 
 /* ---- chunks: warm reads from registered file mappings (io_fmap.c) ----------------------- */
 
-/* Stream callback: every piece of a hit is on the device. Drops the window references
- * (no vendor call) and completes the request as one chunk: chunks[0] is rewritten to
- * stand for the whole request (its count: the contiguous prefix before end of file). */
+/* Stream callback: every piece of a hit is on the device. Cuts the pieces' counts to
+ * what the file held and drops the window references (fmap_req_copied: no vendor call),
+ * and completes the request as one chunk: chunks[0] is rewritten to stand for the whole
+ * request (its count: the contiguous prefix before end of file). */
 static void cb_fmap_copied(void *arg)
 {
     phx_req *r = arg;
-    phx_ctx *ctx = r->ctx;
     uint64_t got = 0;
     int short_seen = 0;
+    fmap_req_copied(r->ctx, r);
     for (uint32_t i = 0; i < r->nchunks; i++) {
         struct io_chunk *ch = &r->chunks[i];
-        if (ch->win) {
-            fmap_unref(ctx, ch->win);
-            ch->win = NULL;
-        }
         if (!short_seen)
             got += ch->got;
         if (ch->got < ch->len)
@@ -490,7 +534,7 @@ static void fmap_req_start(struct io_worker *w, struct io_chunk *c0)
     w->owned--;
     w->owned_bytes -= c0->len;
     void *stream = worker_stream(w, r->device);
-    int err = stream ? 0 : EIO;
+    int err = stream && fence_order_copy(w, r->device, stream, r->fence) == 0 ? 0 : EIO;
     for (uint32_t i = 0; i < r->nchunks && !err; i++) {
         struct io_chunk *ch = &r->chunks[i];
         if (!ch->win || !ch->got)
@@ -724,10 +768,7 @@ static void chunk_io_done(struct io_worker *w, struct io_chunk *ch)
         start_read_copy(w, ch);
         return;
     }
-    if (ch->slot) {
-        pool_free(&w->ctx->pool, ch->slot, ch->slot_bytes);
-        ch->slot = NULL;
-    }
+    slot_free(ch);
     chunk_finish(ch);
 }
 
@@ -746,8 +787,7 @@ static void start_read_copy(struct io_worker *w, struct io_chunk *ch)
     }
     ch->err = EIO;
     ch->got = 0;
-    pool_free(&w->ctx->pool, ch->slot, ch->slot_bytes);
-    ch->slot = NULL;
+    slot_free(ch);
     chunk_finish(ch);
 }
 
@@ -785,16 +825,14 @@ static void chunk_fail(struct io_worker *w, struct io_chunk *ch, int err)
     ch->got = 0;
     w->owned--;
     w->owned_bytes -= ch->len;
-    if (ch->slot) {
-        pool_free(&w->ctx->pool, ch->slot, ch->slot_bytes);
-        ch->slot = NULL;
-    }
+    slot_free(ch);
     chunk_finish(ch);
 }
 
 static void park(struct io_worker *w, struct io_chunk *ch)
 {
     STAT_ADD(pool_waits, 1);
+    w->nparked++;
     chunk_fifo_push(&w->parked_head, &w->parked_tail, ch);
 }
 
@@ -821,8 +859,14 @@ static void chunk_start(struct io_worker *w, struct io_chunk *ch)
         return;
     }
     if (ch->path != CH_USER && !ch->slot) {
-        ch->slot = pool_alloc(&w->ctx->pool, ch->slot_bytes, slot_cap(w, ch), w);
-        if (!ch->slot) {
+        if (r->internal) { /* never behind the pool (see ctx->iq_head): its own memory */
+            void *mem = NULL;
+            if (posix_memalign(&mem, IO_MAX_ALIGN, ch->slot_bytes) != 0) {
+                chunk_fail(w, ch, ENOMEM);
+                return;
+            }
+            ch->slot = mem;
+        } else if (!(ch->slot = pool_alloc(&w->ctx->pool, ch->slot_bytes, slot_cap(w, ch), w))) {
             park(w, ch);
             return;
         }
@@ -862,6 +906,7 @@ static int retry_parked(struct io_worker *w)
         w->parked_head = ch->next;
         if (!w->parked_head)
             w->parked_tail = NULL;
+        w->nparked--;
         chunk_start(w, ch);
         n++;
     }
@@ -891,10 +936,19 @@ static int drain_inbox(struct io_worker *w)
 
 static int admit(struct io_worker *w, int n)
 {
-    if (w->parked_head || atomic_load(&w->ctx->stop))
-        return 0;
-    struct io_chunk *ch = queue_take(w, n);
     int k = 0;
+    struct io_chunk *ch;
+    while (internal_room(w) && (ch = internal_take(w))) {
+        w->owned++;
+        w->owned_bytes += ch->len;
+        chunk_start(w, ch);
+        k++;
+    }
+    if (w->parked_head || atomic_load(&w->ctx->stop))
+        return k;
+    if (n > w->cap - w->owned)
+        n = w->cap - w->owned;
+    ch = queue_take(w, n);
     while (ch) {
         struct io_chunk *next = ch->next;
         w->owned++;
@@ -964,7 +1018,7 @@ static void worker_loop_ring(struct io_worker *w)
     for (;;) {
         int progress = drain_inbox(w);
         progress += retry_parked(w);
-        if (w->owned_bytes < w->bytes_cap)
+        if (w->owned_bytes < w->bytes_cap || ctx->iq_head)
             progress += admit(w, w->cap - w->owned);
         if (w->copy_head) {
             /* the new reads go to the kernel first, then the last round's device copies */
@@ -995,7 +1049,7 @@ static void worker_loop_threads(struct io_worker *w)
         progress += retry_parked(w);
         progress += run_sync(w);
         /* one chunk at a time, so that idle workers take the next ones */
-        if (w->owned < w->cap && admit(w, 1)) {
+        if ((w->owned < w->cap || ctx->iq_head) && admit(w, 1)) {
             run_sync(w);
             progress++;
         }
@@ -1087,6 +1141,7 @@ static void ctx_stop_workers(phx_ctx *ctx, int n)
 static void ctx_free(phx_ctx *ctx)
 {
     fmap_fini(ctx); /* after the workers: no request is left to use a window */
+    fence_fini(ctx);
     pool_fini(&ctx->pool);
     pthread_mutex_destroy(&ctx->qmu);
     pthread_mutex_destroy(&ctx->mu);
@@ -1108,7 +1163,9 @@ static int ctx_create_engine(const struct phx_io_config *cfg, const struct phx_d
     if (dp) {
         ctx->dp = *dp;
         ctx->has_dp = 1;
+        ctx->has_events = phx_dp_has_events(dp);
     }
+    pthread_mutex_init(&ctx->fence_mu, NULL);
     ctx->chunk = cfg->chunk_size;
     fmap_init(ctx);
     /* bounce pool 0 = auto: four slots per worker (one being read, the others waiting for
@@ -1128,7 +1185,9 @@ static int ctx_create_engine(const struct phx_io_config *cfg, const struct phx_d
     ctx->stage_chunk = cfg->chunk_size < half ? cfg->chunk_size : align_down(half, 4096);
     if (ctx->stage_chunk < IO_POOL_UNIT)
         ctx->stage_chunk = IO_POOL_UNIT;
-    pool_init(&ctx->pool, ctx, cfg->bounce_pool_size, ctx->stage_chunk + 2 * IO_MAX_ALIGN, ctx->has_dp ? &ctx->dp : NULL);
+    /* the largest slot: a staged chunk aligned up to the file's alignment, plus where its
+     * file offset lands in it (< one alignment), plus a stream op's margin */
+    pool_init(&ctx->pool, ctx, cfg->bounce_pool_size, ctx->stage_chunk + 3 * IO_MAX_ALIGN, ctx->has_dp ? &ctx->dp : NULL);
     pthread_mutex_init(&ctx->qmu, NULL);
     pthread_mutex_init(&ctx->mu, NULL);
     pthread_cond_init(&ctx->cv, NULL);
@@ -1209,6 +1268,17 @@ int phx_ctx_engine(const phx_ctx *ctx, char *why, size_t why_len)
     if (why && why_len)
         snprintf(why, why_len, "%s", ctx->engine_why);
     return ctx->engine;
+}
+
+int phx_ctx_sizes(const phx_ctx *ctx, struct phx_ctx_sizes *out)
+{
+    if (!ctx || !out)
+        return -EINVAL;
+    out->bounce_pool = ctx->pool.limit;
+    out->chunk = ctx->chunk;
+    out->staged_chunk = ctx->stage_chunk;
+    out->max_slot = pool_round(ctx->stage_chunk + 3 * IO_MAX_ALIGN);
+    return 0;
 }
 
 int64_t phx_ctx_prepare(phx_ctx *ctx)
@@ -1298,6 +1368,8 @@ static phx_req *req_build(phx_ctx *ctx, const struct phx_io_desc *d, int interna
         err = ENODEV;     /* device memory, but no vendor data path to copy with */
     else if (!internal && d->size && phx_reg_lookup(d->addr, d->size, NULL) == -EFAULT)
         err = EFAULT;     /* runs past the end of its registration: nothing moves */
+    else if (d->after && (internal || d->after->ctx != ctx))
+        err = EINVAL;     /* a fence of another context */
 
     uint32_t nchunks = 0;
     int direct = 0, slot_path = staged_dev;
@@ -1346,6 +1418,7 @@ static phx_req *req_build(phx_ctx *ctx, const struct phx_io_desc *d, int interna
     r->on_done = on_done;
     r->on_done_arg = arg;
     r->cached = fp.resident && !fhit;
+    r->internal = internal;
     atomic_init(&r->refs, want_handle ? 2 : 1);
     atomic_init(&r->eof_at, INT64_MAX);
     if (err || !d->size) {
@@ -1363,6 +1436,7 @@ static phx_req *req_build(phx_ctx *ctx, const struct phx_io_desc *d, int interna
         return r;
     }
     r->nchunks = nchunks;
+    r->fence = fence_ref(d->after);
     if (fhit) {
         /* one unit of work: see fmap_req_start */
         atomic_init(&r->pending, 1);
@@ -1437,6 +1511,8 @@ static int req_enter(phx_ctx *ctx, phx_req *r, int internal)
 
 static void req_refused(phx_req *r, int err)
 {
+    phx_fence_release(r->fence);
+    r->fence = NULL;
     if (r->path == CH_FMAP) { /* a hit refused at entry: give its windows back */
         for (uint32_t i = 0; i < r->nchunks; i++) {
             if (r->chunks[i].win) {
@@ -1464,13 +1540,19 @@ int phx_submit(phx_ctx *ctx, const struct phx_io_desc *descs, uint32_t n, phx_re
             /* out of memory: queue what was built, refuse the rest */
             for (uint32_t j = i; j < n; j++)
                 out[j] = NULL;
-            queue_push(ctx, head, tail, nq);
+            queue_push(ctx, head, tail, nq, 0);
             return i ? 0 : -ENOMEM;
         }
         out[i] = r;
         if (!queued)
             continue;
-        int rc = req_enter(ctx, r, 0);
+        /* memory the CPU or the disk touches: the caller's stream must have passed the
+         * fence before any of it is queued (device copies wait on the device instead) */
+        int rc = 0;
+        if (r->fence && (r->path == CH_USER || r->path == CH_STAGED_CPU))
+            rc = fence_host_wait(r->fence);
+        if (rc == 0)
+            rc = req_enter(ctx, r, 0);
         if (rc < 0) {
             req_refused(r, rc);
             continue;
@@ -1487,7 +1569,7 @@ int phx_submit(phx_ctx *ctx, const struct phx_io_desc *descs, uint32_t n, phx_re
         }
         nq += (int)nqueue;
     }
-    queue_push(ctx, head, tail, nq);
+    queue_push(ctx, head, tail, nq, 0);
     return 0;
 }
 
@@ -1513,7 +1595,7 @@ int io_submit_one(phx_ctx *ctx, const struct phx_io_desc *d, int internal, io_do
         r->chunks[c].next = c + 1 < nqueue ? &r->chunks[c + 1] : NULL;
         tail = &r->chunks[c];
     }
-    queue_push(ctx, head, tail, (int)nqueue);
+    queue_push(ctx, head, tail, (int)nqueue, internal);
     return 0;
 }
 

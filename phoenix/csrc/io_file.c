@@ -7,6 +7,10 @@
  * O_DIRECT with EINVAL at open; some file systems only at the first I/O, which
  * file_disable_direct handles). Linux keeps the two coherent: a direct read flushes
  * dirty cached pages of its range first, a direct write invalidates them.
+ *
+ * A path is opened once; the other descriptor is a second open of the inode that open
+ * returned, through /proc/self/fd (reopen_fd). Files without offsets are refused at open
+ * (file_check_kind): phoenix does positioned I/O only.
  */
 #include "io_internal.h"
 
@@ -15,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -63,17 +69,76 @@ static void file_free(phx_file *f)
     free(f);
 }
 
-/* With fd_buf open, add the O_DIRECT descriptor (opened by `reopen`) when wanted. */
-static int file_setup_direct(phx_file *f, int direct, int fd_direct, int open_errno)
+/* Phoenix moves data at file offsets (pread/pwrite, io_uring reads and writes at an
+ * offset): a file without them is refused here, so that no engine ever issues I/O on it
+ * (io_uring would read a pipe as a stream, ignoring the offset). A FIFO, a pipe or a
+ * socket (ESPIPE), a directory (EISDIR), and a character device whose lseek says ESPIPE
+ * (a terminal); a device with offsets (/dev/zero) is served buffered. */
+static int file_check_kind(int fd, const struct stat *st)
 {
+    if (S_ISDIR(st->st_mode))
+        return -EISDIR;
+    if (S_ISFIFO(st->st_mode) || S_ISSOCK(st->st_mode))
+        return -ESPIPE;
+    if (!S_ISREG(st->st_mode) && !S_ISBLK(st->st_mode) && lseek(fd, 0, SEEK_CUR) < 0)
+        return -ESPIPE; /* (no_llseek says ESPIPE; whatever it says, there are no offsets) */
+    return 0;
+}
+
+/* A second open file description of the inode fd names (O_DIRECT and O_APPEND are per
+ * description: set on a dup, they would be set on the original too): through
+ * /proc/self/fd, which names the inode itself, whatever happened to the path since. Where
+ * /proc is absent, the path (if any) is opened again and kept only if it is still the same
+ * inode. -errno when neither works. */
+static int reopen_fd(int fd, const char *path, int flags, const struct stat *st)
+{
+    char proc[64];
+    snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+    int nfd = open(proc, flags);
+    if (nfd >= 0 || errno != ENOENT || !path)
+        return nfd >= 0 ? nfd : -errno;
+    nfd = open(path, flags | O_NONBLOCK | O_NOCTTY); /* never waits (a path now a FIFO) */
+    if (nfd < 0)
+        return -errno;
+    struct stat now;
+    if (fstat(nfd, &now) != 0 || now.st_dev != st->st_dev || now.st_ino != st->st_ino) {
+        close(nfd);
+        return -ESTALE; /* the path names another file now */
+    }
+    int fl = fcntl(nfd, F_GETFL);
+    if (fl >= 0 && !(flags & O_NONBLOCK))
+        fcntl(nfd, F_SETFL, fl & ~O_NONBLOCK);
+    return nfd;
+}
+
+/* With fd_buf open (and st its fstat), add the O_DIRECT descriptor when wanted: a second
+ * open of the same inode (reopen_fd), or `fd_direct` (>= 0: a dup of the caller's O_DIRECT
+ * descriptor, owned from here on: kept in f or closed). */
+static int file_setup_direct(phx_file *f, int direct, const char *path, int base, const struct stat *st,
+                             int fd_direct)
+{
+    if (fd_direct >= 0 && (direct == PHX_DIRECT_OFF || (!S_ISREG(st->st_mode) && !S_ISBLK(st->st_mode)))) {
+        close(fd_direct);
+        fd_direct = -1;
+    }
     if (direct == PHX_DIRECT_OFF) {
         snprintf(f->why, sizeof(f->why), "buffered: O_DIRECT not requested (direct=False)");
         return 0;
     }
+    if (!S_ISREG(st->st_mode) && !S_ISBLK(st->st_mode)) {
+        /* character devices: no O_DIRECT semantics to rely on */
+        snprintf(f->why, sizeof(f->why), "buffered: not a regular file or block device");
+        return direct == PHX_DIRECT_ON ? -EINVAL : 0;
+    }
     if (fd_direct < 0) {
-        snprintf(f->why, sizeof(f->why), "buffered: the file system refuses O_DIRECT (%s at open)",
-                 strerror(open_errno));
-        return direct == PHX_DIRECT_ON ? -open_errno : 0;
+        fd_direct = reopen_fd(f->fd_buf, path, base | O_DIRECT, st);
+        if (fd_direct < 0) {
+            snprintf(f->why, sizeof(f->why), "buffered: %s (%s at open)",
+                     fd_direct == -ENOENT && !path ? "no /proc to open an O_DIRECT descriptor of the fd"
+                                                   : "the file system refuses O_DIRECT",
+                     strerror(-fd_direct));
+            return direct == PHX_DIRECT_ON ? fd_direct : 0;
+        }
     }
     uint32_t a_off, a_mem;
     if (dio_align(fd_direct, &a_off, &a_mem, f->why, sizeof(f->why)) < 0) {
@@ -99,58 +164,60 @@ static int file_setup_direct(phx_file *f, int direct, int fd_direct, int open_er
     return 0;
 }
 
-static int file_finish_open(phx_file *f, int direct, phx_file **out)
+static void file_finish_open(phx_file *f, int direct, const struct stat *st, phx_file **out)
 {
-    struct stat st;
-    int have = fstat(f->fd_buf, &st) == 0;
-    if (have) {
-        f->st_dev = (uint64_t)st.st_dev;
-        f->st_ino = (uint64_t)st.st_ino;
-        /* direct=ON asks for the disk every time: no page-cache mappings for it */
-        f->fmap_ok = S_ISREG(st.st_mode) && direct != PHX_DIRECT_ON && (f->flags & PHX_F_READ);
-    }
-    if (have && !S_ISREG(st.st_mode) && f->fd_direct >= 0 && !S_ISBLK(st.st_mode)) {
-        /* character devices and pipes: no O_DIRECT semantics to rely on */
-        close(f->fd_direct);
-        f->fd_direct = -1;
-        atomic_store(&f->direct_ok, 0);
-        snprintf(f->why, sizeof(f->why), "buffered: not a regular file or block device");
-    }
+    f->st_dev = (uint64_t)st->st_dev;
+    f->st_ino = (uint64_t)st->st_ino;
+    /* direct=ON asks for the disk every time: no page-cache mappings for it */
+    f->fmap_ok = S_ISREG(st->st_mode) && direct != PHX_DIRECT_ON && (f->flags & PHX_F_READ);
     STAT_ADD(files, 1);
     *out = f;
-    return 0;
 }
 
+static int file_fail(phx_file *f, int rc)
+{
+    if (f->fd_direct >= 0)
+        close(f->fd_direct);
+    if (f->fd_buf >= 0)
+        close(f->fd_buf);
+    file_free(f);
+    return rc;
+}
+
+/* The path is opened once; the O_DIRECT descriptor is a second open of the inode that
+ * open returned (reopen_fd), never of the path again: a FIFO opened twice waits for a
+ * writer the second time, and a path renamed in between names another file. */
 int phx_file_open(const char *path, int flags, int perm, int direct, phx_file **out)
 {
     if (!path || !out || !(flags & (PHX_F_READ | PHX_F_WRITE)))
         return -EINVAL;
     int acc = (flags & PHX_F_READ) && (flags & PHX_F_WRITE) ? O_RDWR : (flags & PHX_F_WRITE) ? O_WRONLY : O_RDONLY;
     int base = acc | O_CLOEXEC | ((flags & PHX_F_SYNC) ? O_DSYNC : 0);
-    int first = base | ((flags & PHX_F_CREATE) ? O_CREAT : 0) | ((flags & PHX_F_TRUNC) ? O_TRUNC : 0) |
+    int first = base | O_NOCTTY | ((flags & PHX_F_CREATE) ? O_CREAT : 0) | ((flags & PHX_F_TRUNC) ? O_TRUNC : 0) |
                 ((flags & PHX_F_EXCL) ? O_EXCL : 0);
+    /* A FIFO or a socket is refused before it is opened: opening a FIFO waits for the
+     * other side (and wakes a writer waiting for a reader, which then writes into a closed
+     * pipe). O_EXCL never opens an existing file. The fstat below catches a path that
+     * became one since. */
+    struct stat st;
+    if (!(flags & PHX_F_EXCL) && stat(path, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)))
+        return -ESPIPE;
     phx_file *f = file_new();
     if (!f)
         return -ENOMEM;
     f->flags = flags;
     f->fd_buf = open(path, first, perm ? perm : 0644);
-    if (f->fd_buf < 0) {
-        int e = errno;
-        file_free(f);
-        return -e;
-    }
-    int fd_direct = -1, open_errno = 0;
-    if (direct != PHX_DIRECT_OFF) {
-        fd_direct = open(path, base | O_DIRECT);
-        open_errno = errno;
-    }
-    int rc = file_setup_direct(f, direct, fd_direct, open_errno);
-    if (rc < 0) {
-        close(f->fd_buf);
-        file_free(f);
-        return rc;
-    }
-    return file_finish_open(f, direct, out);
+    if (f->fd_buf < 0)
+        return file_fail(f, -errno);
+    if (fstat(f->fd_buf, &st) != 0)
+        return file_fail(f, -errno);
+    int rc = file_check_kind(f->fd_buf, &st);
+    if (!rc)
+        rc = file_setup_direct(f, direct, path, base, &st, -1);
+    if (rc < 0)
+        return file_fail(f, rc);
+    file_finish_open(f, direct, &st, out);
+    return 0;
 }
 
 int phx_file_from_fd(int fd, int direct, phx_file **out)
@@ -160,48 +227,47 @@ int phx_file_from_fd(int fd, int direct, phx_file **out)
     int fl = fcntl(fd, F_GETFL);
     if (fl < 0)
         return -errno;
+    if (fl & O_PATH)
+        return -EBADF; /* a path descriptor moves no data */
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return -errno;
+    int rc = file_check_kind(fd, &st);
+    if (rc < 0)
+        return rc;
     phx_file *f = file_new();
     if (!f)
         return -ENOMEM;
     int acc = fl & O_ACCMODE;
     f->flags = (acc == O_RDONLY ? PHX_F_READ : acc == O_WRONLY ? PHX_F_WRITE : PHX_F_READ | PHX_F_WRITE) |
                ((fl & O_DSYNC) ? PHX_F_SYNC : 0);
-    char proc[64];
-    snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
     int base = acc | O_CLOEXEC | (fl & O_DSYNC);
-    int fd_direct = -1, open_errno = 0;
-    if (fl & O_DIRECT) {
-        fd_direct = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-        f->fd_buf = open(proc, base);
-        if (f->fd_buf < 0 && fd_direct >= 0) {
-            /* no /proc: a duplicate whose O_DIRECT flag we clear would clear it on the
-             * caller's descriptor too (the flag is per open file description) */
-            open_errno = errno;
-            close(fd_direct);
-            file_free(f);
-            return -open_errno;
+    int fd_direct = -1;
+    /* The buffered descriptor: a dup, unless the caller's open file description carries
+     * a flag ours must not have -- O_DIRECT (phoenix's own, below), O_APPEND (Linux then
+     * appends every write, whatever its offset) -- which a dup would share and clearing
+     * it would clear for the caller: then a new description of the inode. */
+    int own = (fl & O_DIRECT) || ((fl & O_APPEND) && acc != O_RDONLY);
+    if (own) {
+        int nfd = reopen_fd(fd, NULL, base, &st);
+        if (nfd < 0) /* no /proc (ENOENT): with O_APPEND no write would land at its offset */
+            return file_fail(f, nfd == -ENOENT && !(fl & O_DIRECT) ? -EINVAL : nfd);
+        f->fd_buf = nfd;
+        if ((fl & O_DIRECT) && direct != PHX_DIRECT_OFF) {
+            fd_direct = (fl & O_APPEND) ? reopen_fd(fd, NULL, base | O_DIRECT, &st) : fcntl(fd, F_DUPFD_CLOEXEC, 0);
+            if (fd_direct < 0)
+                return file_fail(f, (fl & O_APPEND) ? fd_direct : -errno);
         }
     } else {
         f->fd_buf = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-        if (direct != PHX_DIRECT_OFF) {
-            fd_direct = open(proc, base | O_DIRECT);
-            open_errno = errno;
-        }
+        if (f->fd_buf < 0)
+            return file_fail(f, -errno);
     }
-    if (f->fd_buf < 0) {
-        int e = errno;
-        if (fd_direct >= 0)
-            close(fd_direct);
-        file_free(f);
-        return -e;
-    }
-    int rc = file_setup_direct(f, direct, fd_direct, open_errno);
-    if (rc < 0) {
-        close(f->fd_buf);
-        file_free(f);
-        return rc;
-    }
-    return file_finish_open(f, direct, out);
+    rc = file_setup_direct(f, direct, NULL, base, &st, fd_direct);
+    if (rc < 0)
+        return file_fail(f, rc);
+    file_finish_open(f, direct, &st, out);
+    return 0;
 }
 
 int file_get(phx_file *f)
@@ -256,8 +322,10 @@ int64_t phx_file_size(phx_file *f)
     if (fstat(f->fd_buf, &st) < 0)
         return -errno;
     if (S_ISBLK(st.st_mode)) {
-        off_t end = lseek(f->fd_buf, 0, SEEK_END);
-        return end < 0 ? -errno : (int64_t)end;
+        /* (not lseek(SEEK_END): fd_buf may share its file offset with the caller's
+         * descriptor, phx_file_from_fd's dup) */
+        uint64_t bytes;
+        return ioctl(f->fd_buf, BLKGETSIZE64, &bytes) < 0 ? -errno : (int64_t)bytes;
     }
     return (int64_t)st.st_size;
 }

@@ -6,19 +6,23 @@
  *   submitters  fmap_plan (lookup; on a miss queue, or in SYNC mode do, the
  *               registration), fmap_write_invalidate; control plane: phx_fmap_*.
  *   workers     nothing here: a hit is run by io_engine.c (fmap_chunk_start).
- *   callbacks   fmap_unref only: the mutex and a condition variable, never the vendor.
+ *   callbacks   fmap_unref, fmap_req_copied: the mutex, a condition variable and an
+ *               fstat, never the vendor.
  *   registrar   one thread per context, started on first need, nice 19: maps and
  *               registers queued windows one at a time, and releases dropped windows
  *               (host_unregister + munmap) whose last user was a stream callback.
+ *   SIGBUS      the fault guard's handler (any thread that copies from a mapping).
  *
  * Windows live in a hash by (st_dev, st_ino, window index) and, once registered, in an
  * LRU list; all state changes under fmap.mu. Vendor calls and mmap/munmap never run
  * under the mutex: windows to release are unhooked first, released after unlocking.
+ * Every mapped window is also listed, process-wide, with the fault guard (below).
  */
 #include "io_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +48,173 @@ struct fm_cachestat {
 };
 
 static int64_t ts_ns(struct timespec t) { return (int64_t)t.tv_sec * 1000000000ll + t.tv_nsec; }
+
+/* ---- the fault guard: a copy from a mapping never kills the process --------------------
+ *
+ * A page of a mapping past the end of its file raises SIGBUS when the CPU touches it: a
+ * file truncated (by anyone) while a copy from its window runs -- a CPU copy, as the host
+ * vendor's stream workers and the emulators make (a DMA from the pinned pages does not
+ * fault, it reads the pages the truncation dropped). Every mapped window is listed here,
+ * and a SIGBUS handler (installed with the first window, in front of whatever handler was
+ * there) maps anonymous zero pages over the window from the faulting page to its end and
+ * returns: the copy goes on and reads zeros. The window is marked poisoned: fmap_plan and
+ * phx_fmap_lookup drop it, and a request that copied from it counts only the bytes before
+ * the poisoned page less one page (the page holding the file's new end reads zeros past
+ * it): fmap_req_copied. A fault elsewhere is not ours: the handler steps aside (restores
+ * the previous action) and the access repeats into it. Async-signal-safe: the handler
+ * reads atomics and calls mmap and sigaction. Only contexts whose vendor copies with the
+ * CPU (PHX_CFG_CPU_COPIES: test doubles) list windows and install the handler: hardware
+ * copies are DMAs, and an application's own SIGBUS handling is left alone there. */
+#define FG_SLOTS 65536u /* mapped windows at most (128 GiB of 2 MiB windows); more are not registered */
+struct fg_slot {
+    _Atomic uintptr_t lo, hi;  /* the mapping [lo, hi); lo 0: free */
+    _Atomic uintptr_t poison;  /* lowest page zero-mapped by the handler; 0: none */
+};
+static _Atomic(struct fg_slot *) fg_tab;     /* FG_SLOTS, made once, never freed */
+static pthread_mutex_t fg_mu = PTHREAD_MUTEX_INITIALIZER; /* slot writers; installing */
+static _Atomic int64_t fg_poisoned;          /* live poisoned slots: 0 skips every check */
+static _Atomic int fg_stepped;               /* stepped aside for a fault not ours */
+static struct sigaction fg_prev;             /* the action before ours */
+static uintptr_t fg_page;
+
+static unsigned fg_hash(uintptr_t a) { return (unsigned)(((uint64_t)a * 0x9e3779b97f4a7c15ull) >> 48) % FG_SLOTS; }
+
+static void fg_handler(int sig, siginfo_t *si, void *uc)
+{
+    (void)uc;
+    struct fg_slot *t = atomic_load_explicit(&fg_tab, memory_order_acquire);
+    if (si && si->si_code > 0 && t && !atomic_load(&fg_stepped)) { /* a fault, not a kill() */
+        uintptr_t a = (uintptr_t)si->si_addr;
+        for (unsigned i = 0; i < FG_SLOTS; i++) {
+            uintptr_t lo = atomic_load_explicit(&t[i].lo, memory_order_acquire);
+            if (!lo || a < lo || a >= atomic_load_explicit(&t[i].hi, memory_order_acquire))
+                continue;
+            uintptr_t page = a & ~(fg_page - 1), hi = atomic_load(&t[i].hi);
+            if (mmap((void *)page, hi - page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
+                MAP_FAILED)
+                break;
+            uintptr_t cur = atomic_load(&t[i].poison);
+            while ((!cur || page < cur) && !atomic_compare_exchange_weak(&t[i].poison, &cur, page))
+                ;
+            if (!cur)
+                atomic_fetch_add(&fg_poisoned, 1);
+            return;
+        }
+    }
+    /* not ours: the previous action takes it (the faulting access repeats into it, a
+     * kill() is sent again); once only, so that two handlers that each took the other
+     * for the previous one cannot pass a fault back and forth */
+    if (atomic_exchange(&fg_stepped, 1)) {
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof(dfl));
+        dfl.sa_handler = SIG_DFL;
+        sigaction(sig, &dfl, NULL);
+    } else {
+        sigaction(sig, &fg_prev, NULL);
+    }
+    if (!si || si->si_code <= 0)
+        raise(sig);
+}
+
+/* Ours in front (fg_mu held): again whenever another handler took SIGBUS since (Python's
+ * faulthandler.enable()); that one becomes the previous. */
+static void fg_install_locked(void)
+{
+    struct sigaction cur, sa;
+    if (sigaction(SIGBUS, NULL, &cur) != 0)
+        return;
+    if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == fg_handler)
+        return;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = fg_handler;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    fg_prev = cur;
+    atomic_store(&fg_stepped, 0);
+    sigaction(SIGBUS, &sa, NULL);
+}
+
+/* Before a hit copies: the handler is still ours. */
+static void fg_ensure(void)
+{
+    struct sigaction cur;
+    if (sigaction(SIGBUS, NULL, &cur) == 0 && (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == fg_handler)
+        return;
+    pthread_mutex_lock(&fg_mu);
+    fg_install_locked();
+    pthread_mutex_unlock(&fg_mu);
+}
+
+/* List a mapping (before any copy can read it); -ENOSPC when the table is full. */
+static int fg_add(char *addr, uint64_t len)
+{
+    pthread_mutex_lock(&fg_mu);
+    struct fg_slot *t = atomic_load(&fg_tab);
+    if (!t) {
+        void *p = mmap(NULL, FG_SLOTS * sizeof(*t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+            pthread_mutex_unlock(&fg_mu);
+            return -ENOMEM;
+        }
+        fg_page = (uintptr_t)sysconf(_SC_PAGESIZE);
+        t = p;
+        atomic_store_explicit(&fg_tab, t, memory_order_release);
+    }
+    fg_install_locked();
+    int rc = -ENOSPC;
+    for (unsigned k = 0, i = fg_hash((uintptr_t)addr); k < FG_SLOTS; k++, i = (i + 1) % FG_SLOTS) {
+        if (atomic_load(&t[i].lo))
+            continue;
+        atomic_store(&t[i].poison, 0);
+        atomic_store(&t[i].hi, (uintptr_t)addr + len);
+        atomic_store_explicit(&t[i].lo, (uintptr_t)addr, memory_order_release);
+        rc = 0;
+        break;
+    }
+    pthread_mutex_unlock(&fg_mu);
+    return rc;
+}
+
+/* The slot of a listed mapping (probing from its hash: fg_add put it at the first free
+ * slot from there, and it stays until fg_remove). */
+static struct fg_slot *fg_find(const char *addr)
+{
+    struct fg_slot *t = atomic_load_explicit(&fg_tab, memory_order_acquire);
+    for (unsigned k = 0, i = fg_hash((uintptr_t)addr); t && k < FG_SLOTS; k++, i = (i + 1) % FG_SLOTS)
+        if (atomic_load_explicit(&t[i].lo, memory_order_acquire) == (uintptr_t)addr)
+            return &t[i];
+    return NULL;
+}
+
+/* Unlist a mapping, before it is unmapped (the handler must never map over an address
+ * that may be reused). */
+static void fg_remove(char *addr)
+{
+    pthread_mutex_lock(&fg_mu);
+    struct fg_slot *sl = fg_find(addr);
+    if (sl) {
+        atomic_store(&sl->lo, 0);
+        atomic_store(&sl->hi, 0);
+        if (atomic_exchange(&sl->poison, 0))
+            atomic_fetch_sub(&fg_poisoned, 1);
+    }
+    pthread_mutex_unlock(&fg_mu);
+}
+
+/* The file offset from which bytes copied from a READY window may not be the file's (the
+ * handler zero-mapped them; one page early: see above), or INT64_MAX. */
+static int64_t fg_valid_end(const struct io_fwin *w)
+{
+    if (!atomic_load_explicit(&fg_poisoned, memory_order_acquire) || !w->addr)
+        return INT64_MAX;
+    struct fg_slot *sl = fg_find(w->addr);
+    uintptr_t p = sl ? atomic_load(&sl->poison) : 0;
+    if (!p)
+        return INT64_MAX;
+    /* (a page before the window when p is its first: that page, the previous window's
+     * last, may be the one holding the file's new end) */
+    return w->off + (int64_t)(p - (uintptr_t)w->addr) - (int64_t)fg_page;
+}
 
 static unsigned hkey(uint64_t dev, uint64_t ino, int64_t off)
 {
@@ -104,6 +275,7 @@ static void fwin_release(phx_ctx *ctx, struct io_fwin *w)
     if (w->state == FW_READY && w->addr) {
         if (ctx->dp.host_unregister)
             ctx->dp.host_unregister(w->addr);
+        fg_remove(w->addr);
         munmap(w->addr, w->len);
     }
     if (w->fd >= 0)
@@ -267,7 +439,11 @@ static void fwin_register(phx_ctx *ctx, struct io_fwin *w)
     pthread_mutex_unlock(&m->mu);
     release_list(ctx, evicted);
     evicted = NULL;
-    if (room) {
+    /* the file must still be the one snapshotted: a window of a file that shrank since
+     * would map pages past its end (a vendor pinning them refuses: not "unregistrable") */
+    struct stat st;
+    int same = fstat(w->fd, &st) == 0 && snapshot_matches(w, &st);
+    if (room && same) {
         void *p = mmap(NULL, w->len, PROT_READ, MAP_SHARED | MAP_POPULATE, w->fd, w->off);
         if (p == MAP_FAILED) {
             refused = 1;
@@ -288,13 +464,18 @@ static void fwin_register(phx_ctx *ctx, struct io_fwin *w)
                 ok = 1;
             }
         }
-    }
-    /* the file must still be the one snapshotted, and no phoenix write may have run
-     * meanwhile (an O_DIRECT write cannot invalidate pinned page-cache pages) */
-    if (ok) {
-        struct stat st;
-        if (fstat(w->fd, &st) != 0 || !snapshot_matches(w, &st))
+        /* still the same file, and no phoenix write may have run meanwhile (checked
+         * below: an O_DIRECT write cannot invalidate pinned page-cache pages) */
+        same = fstat(w->fd, &st) == 0 && snapshot_matches(w, &st);
+        if (!same)
+            ok = refused = 0;
+        /* listed for the fault guard before any copy can read it */
+        if (ok && (ctx->cfg.flags & PHX_CFG_CPU_COPIES) && fg_add(addr, w->len) < 0) {
             ok = 0;
+            dp->host_unregister(addr);
+            munmap(addr, w->len);
+            addr = NULL;
+        }
     }
     close(w->fd);
     w->fd = -1;
@@ -335,6 +516,7 @@ static void fwin_register(phx_ctx *ctx, struct io_fwin *w)
     pthread_mutex_unlock(&m->mu);
     if (addr) {
         dp->host_unregister(addr);
+        fg_remove(addr);
         munmap(addr, w->len);
     }
     if (discard)
@@ -650,9 +832,9 @@ int fmap_plan(phx_ctx *ctx, phx_file *f, const struct phx_io_desc *d, struct fma
         pthread_mutex_lock(&m->mu);
         for (int i = 0; i < n; i++) {
             struct io_fwin *w = find_locked(m, f->st_dev, f->st_ino, (first + i) * (int64_t)W);
-            if (w && w->state != FW_PENDING && !snapshot_matches(w, &st)) {
+            if (w && w->state != FW_PENDING && (!snapshot_matches(w, &st) || fg_valid_end(w) != INT64_MAX)) {
                 m->invalidations++;
-                struct io_fwin *r = drop_locked(m, w); /* the file changed: drop */
+                struct io_fwin *r = drop_locked(m, w); /* the file changed (or shrank under a copy): drop */
                 if (r) {
                     r->qnext = rel;
                     rel = r;
@@ -687,6 +869,8 @@ int fmap_plan(phx_ctx *ctx, phx_file *f, const struct phx_io_desc *d, struct fma
                 memcpy(wins, stack, (size_t)n * sizeof(*wins));
             }
             STAT_ADD(fmap_hits, 1);
+            if (ctx->cfg.flags & PHX_CFG_CPU_COPIES)
+                fg_ensure(); /* the (CPU) copies about to run are guarded */
             p->wins = wins;
             p->nwins = n;
             p->fsize = (int64_t)st.st_size;
@@ -781,10 +965,45 @@ void fmap_unref(phx_ctx *ctx, struct io_fwin *w)
     pthread_mutex_unlock(&m->mu);
 }
 
+/* A hit's copies have run (stream callback: no vendor call). A piece counts only bytes
+ * the file held: the count stops where the fault guard zero-mapped a window under the
+ * copy (less a page: fg_valid_end) and at the file's size now (a file cut short under a
+ * DMA from pinned pages reads the dropped pages: bytes it held when the read began, but
+ * past its end now). Then the pieces' window references go. Called by cb_fmap_copied
+ * before it sums the pieces' counts. */
+void fmap_req_copied(phx_ctx *ctx, phx_req *r)
+{
+    int64_t valid = INT64_MAX;
+    int any = 0;
+    for (uint32_t i = 0; i < r->nchunks; i++) {
+        const struct io_chunk *ch = &r->chunks[i];
+        if (!ch->win)
+            continue;
+        any = 1;
+        int64_t v = fg_valid_end(ch->win);
+        if (v < valid)
+            valid = v;
+    }
+    struct stat st;
+    if (any && fstat(r->file->fd_buf, &st) == 0 && (int64_t)st.st_size < valid)
+        valid = (int64_t)st.st_size;
+    for (uint32_t i = 0; i < r->nchunks; i++) {
+        struct io_chunk *ch = &r->chunks[i];
+        if (ch->foff + (int64_t)ch->got > valid)
+            ch->got = valid > ch->foff ? (uint64_t)(valid - ch->foff) : 0;
+        if (ch->win) {
+            fmap_unref(ctx, ch->win);
+            ch->win = NULL;
+        }
+    }
+}
+
+/* A write through a file not open for writing fails (EBADF) and changes nothing: it
+ * neither drops windows nor holds registrations back (fmap_write_end skips it alike). */
 void fmap_write_begin(phx_ctx *ctx, phx_file *f, int64_t off, uint64_t len)
 {
     struct io_fmap *m = &ctx->fmap;
-    if (m->mode == PHX_FMAP_OFF)
+    if (m->mode == PHX_FMAP_OFF || !(f->flags & PHX_F_WRITE))
         return;
     uint64_t W = m->window;
     int64_t first = off / (int64_t)W, last = (off + (int64_t)(len ? len : 1) - 1) / (int64_t)W;
@@ -825,7 +1044,7 @@ void fmap_write_begin(phx_ctx *ctx, phx_file *f, int64_t off, uint64_t len)
 void fmap_write_end(phx_ctx *ctx, phx_file *f)
 {
     struct io_fmap *m = &ctx->fmap;
-    if (m->mode == PHX_FMAP_OFF)
+    if (m->mode == PHX_FMAP_OFF || !(f->flags & PHX_F_WRITE))
         return;
     pthread_mutex_lock(&m->mu);
     struct io_fwrite *e = wfind_locked(m, f->st_dev, f->st_ino);
@@ -892,7 +1111,8 @@ int phx_fmap_lookup(phx_ctx *ctx, phx_file *f, int64_t offset, uint64_t length, 
     int rc = -ENOENT;
     pthread_mutex_lock(&m->mu);
     struct io_fwin *w = find_locked(m, f->st_dev, f->st_ino, off0);
-    if (w && w->state == FW_READY && snapshot_matches(w, &st) && offset + (int64_t)length <= w->off + (int64_t)w->len) {
+    if (w && w->state == FW_READY && snapshot_matches(w, &st) && fg_valid_end(w) == INT64_MAX &&
+        offset + (int64_t)length <= w->off + (int64_t)w->len) {
         if (host_addr)
             *host_addr = w->addr + (offset - w->off);
         rc = 0;

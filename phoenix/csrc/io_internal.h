@@ -184,10 +184,12 @@ typedef void (*io_done_fn)(struct phx_req *r, void *arg);
 struct phx_req {
     struct phx_ctx *ctx;
     phx_file *file;
+    phx_fence *fence;       /* the caller's stream point its memory accesses wait for */
     int op, mem, device, path;
     int file_ref;           /* counted in the file (not for a stream op's own requests) */
     int fmap_write;         /* a write counted by fmap_write_begin */
     int cached;             /* a staged read of page-cache data (fmap probe): slots capped */
+    int internal;           /* a stream op's own request: never waits for the bounce pool */
     char *addr;
     int64_t foff;
     uint64_t size;
@@ -272,10 +274,33 @@ void fmap_plan_drop(struct phx_ctx *ctx, struct fmap_plan *p);
 /* Drop a piece's reference; safe in stream callbacks (no vendor call: a dropped window
  * whose last user this was goes to the registrar to be released). */
 void fmap_unref(struct phx_ctx *ctx, struct io_fwin *w);
+/* A hit's copies are done (stream callback): cut each piece's count to what the file
+ * held (a window the fault guard zero-mapped under the copy, a file now shorter), then
+ * drop the pieces' references. */
+void fmap_req_copied(struct phx_ctx *ctx, struct phx_req *r);
 /* A write through this context, before it is queued: count it in flight for its inode
  * and drop the windows it overlaps. fmap_write_end when it completes. */
 void fmap_write_begin(struct phx_ctx *ctx, phx_file *f, int64_t off, uint64_t len);
 void fmap_write_end(struct phx_ctx *ctx, phx_file *f);
+
+/* ---- ordering with the caller's stream (io_order.c; phx_io.h states the rule) ---- */
+struct phx_fence {
+    struct phx_ctx *ctx;
+    void *event;               /* the vendor's event, created on `device` */
+    int device;
+    uint64_t id;               /* unique per record: what a worker stream waited for last */
+    _Atomic int refs;          /* the caller's, and one per request naming it */
+    _Atomic int passed;        /* the host saw the caller's stream pass it (event_synchronize) */
+    struct phx_fence *next;    /* the context's free list */
+};
+struct io_worker;
+/* A request's memory is touched by the CPU or the disk: wait on the host (caller's thread). */
+int fence_host_wait(phx_fence *f);
+/* Before a device copy on the worker's `stream` for device `dev`: make the stream wait for
+ * the fence (once per fence and stream). 0, or -EIO when the vendor refused both ways. */
+int fence_order_copy(struct io_worker *w, int dev, void *stream, phx_fence *f);
+phx_fence *fence_ref(phx_fence *f);
+void fence_fini(struct phx_ctx *ctx);
 
 /* ---- workers and context (io_engine.c) ---- */
 struct io_worker {
@@ -292,6 +317,7 @@ struct io_worker {
     int cap, owned;          /* chunks this worker may hold / holds in their I/O phase */
     uint64_t bytes_cap, owned_bytes; /* ... and their bytes (io_uring: IO_WORKER_BYTES) */
     struct io_chunk *parked_head, *parked_tail; /* waiting for a bounce slot */
+    int nparked;             /* ... how many (owned counts them too) */
     _Atomic int pool_wait;   /* set (pool mu) while a parked chunk waits for a slot */
     int idle;                /* (ctx qmu) registered as wanting work */
     _Atomic(struct io_chunk *) inbox; /* staged writes whose device copy finished */
@@ -304,6 +330,7 @@ struct io_worker {
     struct io_chunk *copied[IO_MAX_DEVICES];
     uint64_t copied_bytes[IO_MAX_DEVICES]; /* ... their bytes: flushed early past IO_FLUSH_BYTES */
     int cur_dev;
+    uint64_t fence_waited[IO_MAX_DEVICES]; /* id of the fence streams[d] last waited for */
     void *start;             /* startup handshake with phx_ctx_create */
 };
 struct phx_ctx {
@@ -312,11 +339,19 @@ struct phx_ctx {
     char engine_why[200];
     int has_dp;
     struct phx_dp_table dp;
+    int has_events;           /* the data path has events: fences wait on the device */
+    pthread_mutex_t fence_mu; /* the free list */
+    struct phx_fence *fence_free;
     uint64_t chunk, stage_chunk;
     struct io_pool pool;
     pthread_mutex_t qmu;
     struct io_chunk *q_head, *q_tail;
     int64_t qlen;             /* (qmu) chunks queued */
+    /* (qmu) chunks of stream ops' own requests: taken first, also by workers whose other
+     * chunks are parked for bounce slots. Stream ops hold their slots from submission
+     * on, and their callbacks block the caller's stream until these run: behind chunks
+     * that wait for those very slots they would deadlock. They never need a slot. */
+    struct io_chunk *iq_head, *iq_tail;
     int nworkers;
     struct io_worker *workers;
     struct io_worker **idle;  /* (qmu) stack of idle workers */
@@ -340,7 +375,8 @@ int io_wait_flag(_Atomic uint32_t *word, int64_t timeout_ns);
 int io_flag_is_set(const _Atomic uint32_t *word);
 void io_set_flag(_Atomic uint32_t *word);
 
-static inline uint64_t align_down(uint64_t v, uint64_t a) { return v & ~(a - 1); }
-static inline uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
+/* Multiples of a (a > 0, any value: chunk sizes are multiples of 4096, not powers of two). */
+static inline uint64_t align_down(uint64_t v, uint64_t a) { return v - v % a; }
+static inline uint64_t align_up(uint64_t v, uint64_t a) { return align_down(v + a - 1, a); }
 
 #endif

@@ -179,6 +179,40 @@ void *pool_alloc(struct io_pool *p, uint64_t bytes, uint64_t cap, struct io_work
     return ptr;
 }
 
+/* Give a slot's units back (p->mu held). */
+static void free_locked(struct io_pool *p, void *ptr, uint64_t bytes)
+{
+    uint32_t n = (uint32_t)(pool_round(bytes) / IO_POOL_UNIT);
+    for (int i = 0; i < p->nsegs; i++) {
+        struct io_seg *s = &p->segs[i];
+        if ((char *)ptr >= s->base && (char *)ptr < s->base + s->size) {
+            seg_mark(s, (uint32_t)(((char *)ptr - s->base) / IO_POOL_UNIT), n, 0);
+            break;
+        }
+    }
+    p->in_use -= (uint64_t)n * IO_POOL_UNIT;
+}
+
+/* Units came back (p->mu held): wake every thread and worker that waits for some. Every
+ * path that gives units back ends here, so that no waiter sleeps past a free (a worker
+ * that parked a chunk retries only once woken). */
+static void wake_locked(struct io_pool *p)
+{
+    if (p->cond_waiters)
+        pthread_cond_broadcast(&p->cv);
+    if (atomic_load(&p->worker_waiters) > 0) {
+        struct phx_ctx *ctx = p->ctx;
+        for (int i = 0; i < ctx->nworkers; i++) {
+            struct io_worker *w = &ctx->workers[i];
+            if (w->pool_wait) {
+                w->pool_wait = 0;
+                atomic_fetch_sub(&p->worker_waiters, 1);
+                worker_wake(w);
+            }
+        }
+    }
+}
+
 int pool_alloc_many(struct io_pool *p, int n, uint64_t bytes, char **out)
 {
     pthread_mutex_lock(&p->mu);
@@ -191,18 +225,11 @@ int pool_alloc_many(struct io_pool *p, int n, uint64_t bytes, char **out)
         }
         if (got == n)
             break;
-        /* not all: give back what we took and wait for frees */
-        for (int i = 0; i < got; i++) {
-            char *ptr = out[i];
-            for (int j = 0; j < p->nsegs; j++) {
-                struct io_seg *s = &p->segs[j];
-                if (ptr >= s->base && ptr < s->base + s->size) {
-                    uint32_t k = (uint32_t)(pool_round(bytes) / IO_POOL_UNIT);
-                    seg_mark(s, (uint32_t)((ptr - s->base) / IO_POOL_UNIT), k, 0);
-                    p->in_use -= (uint64_t)k * IO_POOL_UNIT;
-                }
-            }
-        }
+        /* not all: give back what we took (waking whoever failed meanwhile) and wait */
+        for (int i = 0; i < got; i++)
+            free_locked(p, out[i], bytes);
+        if (got)
+            wake_locked(p);
         if (p->in_use == 0) { /* nothing will be freed: the request can never fit */
             pthread_mutex_unlock(&p->mu);
             return -ENOMEM;
@@ -220,32 +247,11 @@ void pool_free(struct io_pool *p, void *ptr, uint64_t bytes)
 {
     if (!ptr)
         return;
-    uint32_t n = (uint32_t)(pool_round(bytes) / IO_POOL_UNIT);
     pthread_mutex_lock(&p->mu);
-    for (int i = 0; i < p->nsegs; i++) {
-        struct io_seg *s = &p->segs[i];
-        if ((char *)ptr >= s->base && (char *)ptr < s->base + s->size) {
-            seg_mark(s, (uint32_t)(((char *)ptr - s->base) / IO_POOL_UNIT), n, 0);
-            break;
-        }
-    }
-    p->in_use -= (uint64_t)n * IO_POOL_UNIT;
-    if (p->cond_waiters)
-        pthread_cond_broadcast(&p->cv);
-    int wake_workers = atomic_load(&p->worker_waiters) > 0;
-    struct phx_ctx *ctx = p->ctx;
-    if (wake_workers) {
-        for (int i = 0; i < ctx->nworkers; i++) {
-            struct io_worker *w = &ctx->workers[i];
-            if (w->pool_wait) {
-                w->pool_wait = 0;
-                atomic_fetch_sub(&p->worker_waiters, 1);
-                worker_wake(w);
-            }
-        }
-    }
+    free_locked(p, ptr, bytes);
+    wake_locked(p);
     pthread_mutex_unlock(&p->mu);
-    STAT_ADD(bounce_in_use, -(int64_t)n * IO_POOL_UNIT);
+    STAT_ADD(bounce_in_use, -(int64_t)pool_round(bytes));
 }
 
 /* Grow the pool to its limit now (phx_ctx_prepare). */

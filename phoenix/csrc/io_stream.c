@@ -282,6 +282,7 @@ int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64
     s->stream = stream;
     s->user_bytes_done = bytes_done;
     s->desc = *d;
+    s->desc.after = NULL; /* stream ordered by construction */
     s->desc.size = size;
     s->size = size;
     s->nch = nch;

@@ -7,7 +7,8 @@
  *   context   a worker pool (PHX_IO_ENGINE: one io_uring ring per worker, or workers
  *             doing pread/pwrite), a bounce pool of pinned host memory, and a copy of
  *             the vendor's data-path table (phx_vendor.h; NULL: host memory only).
- *   file      two descriptors on one path: O_DIRECT (when the file system takes it)
+ *   file      two descriptors on one inode (the path is opened once, the second is
+ *             opened through /proc/self/fd): O_DIRECT (when the file system takes it)
  *             and buffered (unaligned heads and tails, and the fallback).
  *   request   one extent of a file <-> one extent of memory, split into chunks that
  *             the workers run in parallel; a batch is many requests in one call.
@@ -53,7 +54,15 @@ struct phx_io_config {
     uint64_t fmap_budget;      /* most bytes of file mappings registered at once (0: off) */
     uint64_t fmap_window;      /* bytes per mapping window: a multiple of 2 MiB */
     uint32_t fmap_register_flags; /* host_register flags for mappings (CUDA: 1 portable | 8 read-only) */
-    uint32_t reserved;
+    uint32_t flags;            /* PHX_CFG_* */
+};
+
+enum {
+    /* The vendor's copies are CPU copies (a test double: the host vendor, emulators): a
+     * copy from a file mapping whose file is truncated meanwhile faults (SIGBUS), where a
+     * DMA from pinned pages does not; the file-mapping cache then guards its mappings
+     * with a SIGBUS handler (io_fmap.c). Never set for hardware. */
+    PHX_CFG_CPU_COPIES = 1,
 };
 
 enum phx_fmap_mode {
@@ -75,6 +84,13 @@ typedef struct phx_ctx phx_ctx;
 int phx_ctx_create(const struct phx_io_config *cfg, const struct phx_dp_table *dp, phx_ctx **out);
 /* The engine serving (enum phx_engine), and why it was chosen. */
 int phx_ctx_engine(const phx_ctx *ctx, char *reason, size_t reason_len);
+/* The sizes in effect, as the context resolved its settings: the bounce pool (auto
+ * sized from threads and chunk), the chunk of staged and bounced transfers (at most
+ * the chunk size, and small enough that two slots fit the pool), and the largest slot. */
+struct phx_ctx_sizes {
+    uint64_t bounce_pool, chunk, staged_chunk, max_slot;
+};
+int phx_ctx_sizes(const phx_ctx *ctx, struct phx_ctx_sizes *out);
 /* Waits for every request and stream op of the context, stops the workers, frees the
  * bounce pool. */
 void phx_ctx_destroy(phx_ctx *ctx);
@@ -101,9 +117,14 @@ enum { PHX_DIRECT_OFF = 0, PHX_DIRECT_ON = 1, PHX_DIRECT_AUTO = -1 };
 /* direct: AUTO uses O_DIRECT where the file system takes it, except for reads of
  * ranges mostly in the page cache already (asked with cachestat(2), Linux 6.5+; it
  * backs off while the answer is no), which are read buffered; ON always uses O_DIRECT
- * and fails (-EINVAL) where the file system refuses it; OFF never uses it. */
+ * and fails (-EINVAL) where the file system refuses it (and for character devices);
+ * OFF never uses it. Phoenix moves data at file offsets only: a FIFO, pipe, socket or
+ * terminal is refused with -ESPIPE (a FIFO without being opened), a directory with
+ * -EISDIR; both functions. */
 int phx_file_open(const char *path, int flags, int perm, int direct, phx_file **out);
-/* Adopt a descriptor (the fd is dup'ed; the caller keeps its own). */
+/* Adopt a descriptor (the caller keeps its own): dup'ed, or opened again through
+ * /proc/self/fd where its open file description has O_APPEND (writes would ignore their
+ * offsets) or O_DIRECT; -EBADF for an O_PATH descriptor. */
 int phx_file_from_fd(int fd, int direct, phx_file **out);
 /* Waits for the file's in-flight requests and stream ops, then closes. */
 int phx_file_close(phx_file *f);
@@ -140,6 +161,8 @@ enum phx_mem {
     PHX_MEM_DEVICE_MAPPED = 2, /* device memory the CPU and the kernel can address */
 };
 
+typedef struct phx_fence phx_fence;
+
 struct phx_io_desc {
     phx_file *file;
     uint64_t addr;        /* buffer address (base + buffer offset) */
@@ -149,6 +172,8 @@ struct phx_io_desc {
     int32_t mem;          /* enum phx_mem */
     int32_t device;       /* device ordinal for device memory */
     int32_t mode;         /* enum phx_mode */
+    phx_fence *after;     /* NULL, or: touch the memory only after this point of the
+                           * caller's stream (phx_fence_record) */
 };
 
 typedef struct phx_req phx_req;
@@ -170,6 +195,30 @@ void phx_req_release(phx_req *r);
  * -ETIMEDOUT if timeout_ns >= 0 passes first; release all (NULLs skipped). */
 int phx_req_wait_all(phx_req **reqs, uint32_t n, int64_t *results, int64_t timeout_ns);
 void phx_req_release_all(phx_req **reqs, uint32_t n);
+
+/* ---- ordering with the caller's stream (io_order.c) ----------------------------------
+ *
+ * The rule: an I/O call that touches device memory runs after all work queued so far on
+ * the caller's stream, and a request's bytes are in place (visible to any work queued
+ * after) when it completes. phx_fence_record marks "so far" on the caller's stream; a
+ * request whose desc names the fence (desc.after) waits for it where it touches memory:
+ *   - its device copies (staged, file mappings): the worker's stream waits for the
+ *     fence's event (stream_wait_event) before the copy: the file I/O into bounce
+ *     buffers overlaps the caller's work, only the copy waits;
+ *   - memory the CPU or the disk writes (host memory, direct-capable device memory):
+ *     phx_submit waits for the event on the host before queueing the request.
+ * A vendor without events (phx_dp_has_events): phx_fence_record synchronizes the stream
+ * itself and returns no fence (*out = NULL): nothing is left to wait for. */
+
+/* Record the point "now" of `stream` (the vendor's handle; 0 its default stream) of
+ * `device` (-1: the calling thread's current device). Returns 0 with *out a fence (release it once the requests naming it are
+ * submitted: each request holds its own reference) or NULL (nothing to wait for), or a
+ * negative errno (-ENODEV: no data path; -EIO: the vendor refused). */
+int phx_fence_record(phx_ctx *ctx, int device, void *stream, phx_fence **out);
+void phx_fence_release(phx_fence *f);
+/* How I/O is ordered with the caller's stream in this context: 1 events, 0 the stream is
+ * synchronized at the call (the vendor has no events), -1 no data path (host memory). */
+int phx_ctx_ordering(const phx_ctx *ctx);
 
 /* ---- stream-ordered I/O ----------------------------------------------------------- */
 

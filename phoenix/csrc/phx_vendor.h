@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PHX_DP_ABI 1
+#define PHX_DP_ABI 2
 
 typedef void (*phx_host_fn)(void *arg);
 
@@ -29,6 +29,26 @@ struct phx_dp_table {
     int (*launch_host_func)(void *stream, phx_host_fn fn, void *arg);
     int (*host_register)(void *ptr, size_t n, unsigned flags);
     int (*host_unregister)(void *ptr);
+    /* Events: ordering with the caller's stream (optional, all or none). An I/O call on
+     * device memory records an event on the caller's stream; the worker streams wait for
+     * it before their copies (stream_wait_event), and the direct path (the CPU or the disk
+     * writes the memory) waits for it on the host (event_synchronize). Without them the
+     * core synchronizes the caller's stream before submitting (phx info says so). */
+    unsigned event_flags;                        /* flags for event_create (no timing) */
+    unsigned reserved;
+    int (*get_device)(int *ordinal);
+    int (*event_create)(void **event, unsigned flags);
+    int (*event_record)(void *event, void *stream);
+    int (*stream_wait_event)(void *stream, void *event, unsigned flags);
+    int (*event_synchronize)(void *event);
+    int (*event_destroy)(void *event);
 };
+
+/* All of the event entry points are there: the core orders I/O with events. */
+static inline int phx_dp_has_events(const struct phx_dp_table *dp)
+{
+    return dp->get_device && dp->event_create && dp->event_record && dp->stream_wait_event &&
+           dp->event_synchronize && dp->event_destroy;
+}
 
 #endif

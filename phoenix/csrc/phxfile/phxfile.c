@@ -21,10 +21,22 @@
  *
  * Extent rule: [buf_base + buf_offset, +nbytes) must lie inside the registration that
  * holds buf_base (or, for an unregistered buf_base, must not start inside a
- * registration and run past it): otherwise -EFAULT at submission, nothing moves.
+ * registration and run past it, and, for host memory, must be mapped): otherwise -EFAULT
+ * at submission, nothing moves. nbytes and file_offset + nbytes stay below 2^63 (-EINVAL).
+ * A host-memory registration must be mapped when it is made (-EFAULT).
  *
- * Lock order: the GIL, then open_lock, then state_lock. The I/O path takes only
- * state_lock (shared) and never waits for the GIL while holding it.
+ * Locks and the GIL. The GIL is no ordinary lock: Python code run under it (the driver's
+ * open asks phoenix.phxfile, which imports, calls ctypes functions, ...) lets it go and
+ * takes it back at any time, so a thread that waits for a C lock while it holds the GIL
+ * deadlocks with the holder of that lock waiting for the GIL. Hence the rule: nobody
+ * blocks on a lock of this file while holding the GIL. open_lock (serializes open and
+ * close, and what they ask Python) is taken with the GIL let go for the wait
+ * (open_lock_take), so its order is open_lock, then the GIL; state_lock, regs_lock and
+ * cls_lock are taken without the GIL (or without waiting) and held across no GIL
+ * acquisition. The I/O path of a registered buffer takes only state_lock (shared), and
+ * never the GIL. Calls work from any thread (a Python thread, with or without the GIL, or
+ * a thread Python never saw); once the interpreter is finalizing, Python is asked nothing
+ * (-ESHUTDOWN where it would have to be).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -35,6 +47,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "../phx_io.h"
 #include "phxfile.h"
@@ -83,6 +97,8 @@ static struct {
     int (*IsInitialized)(void);
     int (*GILEnsure)(void);
     void (*GILRelease)(int);
+    void *(*SaveThread)(void);     /* PyEval_SaveThread: let the GIL go, keep the thread state */
+    void (*RestoreThread)(void *); /* PyEval_RestoreThread */
     PyObject *(*Import)(const char *);
     PyObject *(*CallMethod)(PyObject *, const char *, const char *, ...);
     long long (*AsLongLong)(PyObject *);
@@ -101,6 +117,8 @@ static int py_bind(void)
         SYM(IsInitialized, "Py_IsInitialized");
         SYM(GILEnsure, "PyGILState_Ensure");
         SYM(GILRelease, "PyGILState_Release");
+        SYM(SaveThread, "PyEval_SaveThread");
+        SYM(RestoreThread, "PyEval_RestoreThread");
         SYM(Import, "PyImport_ImportModule");
         SYM(CallMethod, "PyObject_CallMethod");
         SYM(AsLongLong, "PyLong_AsLongLong");
@@ -111,8 +129,8 @@ static int py_bind(void)
         if (!py.IsFinalizing)
             SYM(IsFinalizing, "_Py_IsFinalizing");
 #undef SYM
-        if (py.IsInitialized && py.GILEnsure && py.GILRelease && py.Import && py.CallMethod && py.AsLongLong &&
-            py.DecRef && py.ErrOccurred && py.ErrPrint)
+        if (py.IsInitialized && py.GILEnsure && py.GILRelease && py.SaveThread && py.RestoreThread && py.Import &&
+            py.CallMethod && py.AsLongLong && py.DecRef && py.ErrOccurred && py.ErrPrint)
             py.bound = 1;
     }
     int ok = py.bound && py.IsInitialized();
@@ -148,6 +166,10 @@ static int py_call(const char *fn, uint64_t a, uint64_t b, uint64_t c)
     return v > 0 ? 0 : (int)v;
 }
 
+/* Python may be asked for nothing once the interpreter is shutting down: a thread that
+ * takes the GIL then is stopped (pthread_exit) or blocked for good by CPython. */
+static int py_usable(void) { return py.bound && py.IsInitialized() && !(py.IsFinalizing && py.IsFinalizing()); }
+
 /* ---- driver state ------------------------------------------------------------------- */
 
 #define HANDLE_MAGIC 0x70686668u /* "phfh" */
@@ -159,8 +181,8 @@ struct handle {
     struct handle *next;
 };
 
-static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;      /* open / close (with the GIL) */
-static pthread_rwlock_t state_lock = PTHREAD_RWLOCK_INITIALIZER;   /* ctx, handles */
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;      /* open / close: open_lock_take */
+static pthread_rwlock_t state_lock = PTHREAD_RWLOCK_INITIALIZER;   /* ctx (to clear it), handles */
 static _Atomic int opened;
 static phx_ctx *ctx;
 static int32_t io_mode;
@@ -175,10 +197,31 @@ static pthread_mutex_t regs_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct myreg *regs;
 static size_t nregs, capregs;
 
-/* Last vendor allocation classified (LMCache registers one tensor as many regions). */
+/* Last vendor allocation classified (LMCache registers one tensor as many regions).
+ * cls_gen counts invalidations: an answer asked for before one is not cached after it. */
 static pthread_mutex_t cls_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct phxfile_class cls_cache;
 static int cls_valid;
+static uint64_t cls_gen;
+
+static void cls_invalidate(void)
+{
+    pthread_mutex_lock(&cls_lock);
+    cls_valid = 0;
+    cls_gen++;
+    pthread_mutex_unlock(&cls_lock);
+}
+
+/* Take open_lock; the caller holds the GIL (PyGILState_Ensure). A busy lock is waited for
+ * with the GIL let go: its holder may be running Python, which needs the GIL back. */
+static void open_lock_take(void)
+{
+    if (pthread_mutex_trylock(&open_lock) == 0)
+        return;
+    void *ts = py.SaveThread();
+    pthread_mutex_lock(&open_lock);
+    py.RestoreThread(ts); /* open_lock, then the GIL */
+}
 
 static int ensure_open(void)
 {
@@ -186,8 +229,10 @@ static int ensure_open(void)
         return 0;
     if (!py_bind())
         return -ENOSYS;
+    if (!py_usable())
+        return -ESHUTDOWN; /* the interpreter is finalizing: no vendor to ask */
     int g = py.GILEnsure();
-    pthread_mutex_lock(&open_lock);
+    open_lock_take();
     int rc = 0;
     if (!atomic_load(&opened)) {
         struct phxfile_core c;
@@ -195,8 +240,12 @@ static int ensure_open(void)
         c.abi = PHXFILE_CORE_ABI;
         rc = py_call("_c_open", (uint64_t)(uintptr_t)&c, sizeof(c), 0);
         if (rc == 0 && (!c.ctx || !c.file_from_fd || !c.file_close || !c.stream_io || !c.reg_add ||
-                        !c.reg_remove || !c.reg_lookup || !c.ctx_destroy))
+                        !c.reg_remove || !c.reg_lookup || !c.ctx_destroy)) {
+            if (c.ctx && c.ctx_destroy)
+                ((ctx_destroy_fn)(uintptr_t)c.ctx_destroy)((phx_ctx *)(uintptr_t)c.ctx);
+            py_call("_c_close", 0, 0, 0);
             rc = -EPROTO;
+        }
         if (rc == 0) {
             atomic_store(&c_file_from_fd, (file_from_fd_fn)(uintptr_t)c.file_from_fd);
             atomic_store(&c_file_close, (file_close_fn)(uintptr_t)c.file_close);
@@ -205,11 +254,11 @@ static int ensure_open(void)
             atomic_store(&c_reg_remove, (reg_remove_fn)(uintptr_t)c.reg_remove);
             atomic_store(&c_reg_lookup, (reg_lookup_fn)(uintptr_t)c.reg_lookup);
             atomic_store(&c_ctx_destroy, (ctx_destroy_fn)(uintptr_t)c.ctx_destroy);
-            pthread_rwlock_wrlock(&state_lock);
+            /* no state_lock (which a thread holding the GIL must not wait for): nobody reads
+             * ctx while opened is 0, and open_lock keeps DriverClose out */
             ctx = (phx_ctx *)(uintptr_t)c.ctx;
             io_mode = c.mode;
             atomic_store_explicit(&opened, 1, memory_order_release);
-            pthread_rwlock_unlock(&state_lock);
         }
     }
     pthread_mutex_unlock(&open_lock);
@@ -219,66 +268,63 @@ static int ensure_open(void)
 
 PHXFILE_API int phxFileDriverOpen(void) { return ensure_open(); }
 
-/* Python may be asked for nothing once the interpreter is shutting down. */
-static int py_usable(void) { return py.bound && py.IsInitialized() && !(py.IsFinalizing && py.IsFinalizing()); }
-
 PHXFILE_API int phxFileDriverClose(void)
 {
     if (!atomic_load(&opened))
         return 0; /* idempotent; also "never opened" */
-    int use_py = py_usable();
-    int g = use_py ? py.GILEnsure() : 0;
-    pthread_mutex_lock(&open_lock);
-    pthread_rwlock_wrlock(&state_lock); /* no submission in progress past this point */
-    if (!atomic_load(&opened)) {
-        pthread_rwlock_unlock(&state_lock);
-        pthread_mutex_unlock(&open_lock);
-        if (use_py)
-            py.GILRelease(g);
-        return 0;
+    int use_py = py_usable(), g = 0;
+    void *ts = NULL;
+    if (use_py) {
+        g = py.GILEnsure();
+        ts = py.SaveThread(); /* the C part below waits for locks and stream ops: without the GIL */
+        pthread_mutex_lock(&open_lock);
+    } else if (pthread_mutex_trylock(&open_lock) != 0) {
+        return -EBUSY; /* finalizing, and an open or close in progress (or stopped by CPython) */
     }
-    phx_ctx *old_ctx = ctx;
-    struct handle *hs = handles;
-    ctx = NULL;
-    handles = NULL;
-    atomic_store(&opened, 0);
-    pthread_rwlock_unlock(&state_lock);
-    pthread_mutex_lock(&regs_lock);
-    struct myreg *rs = regs;
-    size_t n = nregs;
-    regs = NULL;
-    nregs = capregs = 0;
-    pthread_mutex_unlock(&regs_lock);
-    pthread_mutex_lock(&cls_lock);
-    cls_valid = 0;
-    pthread_mutex_unlock(&cls_lock);
+    int rc = 0, r = 0;
+    if (atomic_load(&opened)) {
+        pthread_rwlock_wrlock(&state_lock); /* no submission in progress past this point */
+        phx_ctx *old_ctx = ctx;
+        struct handle *hs = handles;
+        ctx = NULL;
+        handles = NULL;
+        atomic_store(&opened, 0);
+        pthread_rwlock_unlock(&state_lock);
+
+        /* drop this library's registrations before a new open can make any */
+        pthread_mutex_lock(&regs_lock);
+        for (size_t i = 0; i < nregs; i++)
+            for (int k = 0; k < regs[i].refs; k++)
+                c_reg_remove(regs[i].base);
+        free(regs);
+        regs = NULL;
+        nregs = capregs = 0;
+        pthread_mutex_unlock(&regs_lock);
+        cls_invalidate();
+
+        /* closing waits for the stream ops still queued */
+        while (hs) {
+            struct handle *next = hs->next;
+            int e = c_file_close(hs->file);
+            if (e < 0 && rc == 0)
+                rc = e;
+            hs->magic = 0;
+            free(hs);
+            hs = next;
+        }
+        c_ctx_destroy(old_ctx);
+        if (use_py) {
+            py.RestoreThread(ts); /* open_lock, then the GIL */
+            ts = NULL;
+            if (py_usable()) /* drop the vendor runtime the driver kept alive (before a new open sets one) */
+                r = py_call("_c_close", 0, 0, 0);
+        }
+    }
+    if (ts)
+        py.RestoreThread(ts);
     pthread_mutex_unlock(&open_lock);
     if (use_py)
         py.GILRelease(g);
-
-    /* C cleanup without the GIL: closing waits for the stream ops still queued */
-    int rc = 0;
-    for (size_t i = 0; i < n; i++)
-        for (int k = 0; k < rs[i].refs; k++)
-            c_reg_remove(rs[i].base);
-    free(rs);
-    while (hs) {
-        struct handle *next = hs->next;
-        int r = c_file_close(hs->file);
-        if (r < 0 && rc == 0)
-            rc = r;
-        hs->magic = 0;
-        free(hs);
-        hs = next;
-    }
-    c_ctx_destroy(old_ctx);
-
-    int r = 0;
-    if (use_py && py_usable()) { /* drop the vendor runtime the driver kept alive */
-        g = py.GILEnsure();
-        r = py_call("_c_close", 0, 0, 0);
-        py.GILRelease(g);
-    }
     return rc < 0 ? rc : r;
 }
 
@@ -294,7 +340,10 @@ static int classify(uint64_t addr, uint64_t len, struct phxfile_class *out)
         pthread_mutex_unlock(&cls_lock);
         return 0;
     }
+    uint64_t gen = cls_gen;
     pthread_mutex_unlock(&cls_lock);
+    if (!py_usable())
+        return -ESHUTDOWN;
     struct phxfile_class c;
     memset(&c, 0, sizeof(c));
     int g = py.GILEnsure();
@@ -304,8 +353,10 @@ static int classify(uint64_t addr, uint64_t len, struct phxfile_class *out)
         return rc;
     if (c.alloc_size) {
         pthread_mutex_lock(&cls_lock);
-        cls_cache = c;
-        cls_valid = 1;
+        if (gen == cls_gen) { /* not invalidated (a Deregister, a close) meanwhile */
+            cls_cache = c;
+            cls_valid = 1;
+        }
         pthread_mutex_unlock(&cls_lock);
     }
     *out = c;
@@ -325,19 +376,40 @@ static size_t regs_upper(uint64_t base)
     return lo;
 }
 
+/* Is all of host memory [addr, addr+len) mapped? mincore says ENOMEM for a range with a
+ * page that is not; -EFAULT then (an unregistered buffer has no other known end). */
+static int host_range_mapped(uint64_t addr, uint64_t len)
+{
+    unsigned char vec[4096]; /* written by the kernel, never read */
+    uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), end = addr + len;
+    for (uint64_t p = addr & ~(pg - 1); p < end;) {
+        uint64_t n = end - p < sizeof(vec) * pg ? end - p : sizeof(vec) * pg;
+        if (mincore((void *)(uintptr_t)p, n, vec) != 0 && errno == ENOMEM)
+            return -EFAULT;
+        p += n;
+    }
+    return 0;
+}
+
 PHXFILE_API int phxFileBufRegister(const void *addr, size_t length)
 {
     uint64_t base = (uint64_t)(uintptr_t)addr;
-    if (!addr || !length || base + length < base)
+    if (!addr || !length || length > (uint64_t)INT64_MAX || base + length < base)
         return -EINVAL;
     int rc = ensure_open();
     if (rc < 0)
         return rc;
     struct phxfile_class c;
     rc = classify(base, length, &c);
+    if (rc == 0 && c.mem == PHX_MEM_HOST)
+        rc = host_range_mapped(base, length); /* the I/O path trusts a registration: check it once here */
     if (rc < 0)
         return rc;
     pthread_mutex_lock(&regs_lock);
+    if (!atomic_load(&opened)) { /* closed meanwhile: its close dropped what it knew of */
+        pthread_mutex_unlock(&regs_lock);
+        return -ESHUTDOWN;
+    }
     rc = c_reg_add(base, length, c.mem, c.device);
     if (rc >= 0) {
         size_t i = regs_upper(base);
@@ -368,8 +440,8 @@ PHXFILE_API int phxFileBufRegister(const void *addr, size_t length)
 PHXFILE_API int phxFileBufDeregister(const void *addr)
 {
     uint64_t base = (uint64_t)(uintptr_t)addr;
-    if (!atomic_load(&opened))
-        return 0; /* nothing was registered through this library */
+    /* (not "if closed, nothing to do": a registration made while a close ran is the
+     * close's or this call's to drop, whatever `opened` says now) */
     pthread_mutex_lock(&regs_lock);
     size_t i = nregs ? regs_upper(base) : 0;
     if (i > 0 && regs[i - 1].base == base) {
@@ -380,9 +452,7 @@ PHXFILE_API int phxFileBufDeregister(const void *addr)
         }
     } /* an unknown base is tolerated (LMCache's teardown deregisters what it may not have registered) */
     pthread_mutex_unlock(&regs_lock);
-    pthread_mutex_lock(&cls_lock);
-    cls_valid = 0; /* the allocation may be freed next: classify afresh */
-    pthread_mutex_unlock(&cls_lock);
+    cls_invalidate(); /* the allocation may be freed next: classify afresh */
     return 0;
 }
 
@@ -474,7 +544,10 @@ static int submit(int op, void *fh, void *buf_base, size_t *nbytes, int64_t *fil
         goto fail;
     uint64_t size = *nbytes, base = (uint64_t)(uintptr_t)buf_base;
     int64_t foff = *file_offset, boff = *buf_offset;
-    if (foff < 0 || boff < 0 || base + (uint64_t)boff < base || base + (uint64_t)boff + size < base + (uint64_t)boff) {
+    /* byte counts and file ends below 2^63 (off_t, and *bytes_done is signed); the
+     * buffer extent wraps around nowhere */
+    if (foff < 0 || boff < 0 || size > (uint64_t)INT64_MAX - (uint64_t)foff || base + (uint64_t)boff < base ||
+        base + (uint64_t)boff + size < base + (uint64_t)boff) {
         rc = -EINVAL;
         goto fail;
     }
@@ -501,7 +574,8 @@ static int submit(int op, void *fh, void *buf_base, size_t *nbytes, int64_t *fil
             if (!size) {
                 c.mem = PHX_MEM_HOST;
                 c.device = 0;
-            } else if ((rc = classify(addr, size, &c)) < 0) {
+            } else if ((rc = classify(addr, size, &c)) < 0 ||
+                       (c.mem == PHX_MEM_HOST && (rc = host_range_mapped(addr, size)) < 0)) {
                 goto fail;
             }
             mem = c.mem;

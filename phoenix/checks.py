@@ -1,0 +1,86 @@
+"""The boundary into C: every integer and path the Python API hands to the C core, checked once.
+
+Control plane. ctypes converts silently (``2**64`` becomes 0 in a 64-bit field, a path is
+cut at its first NUL), so each value is checked here before it can cross: integers must
+be integers (``int``, NumPy integers, anything with ``__index__``; not ``bool``, not
+floats or strings) and inside the range the core takes; paths go through
+``os.fsencode`` and must not hold a NUL. A wrong type is a ``TypeError``, a value out of
+range an :class:`ArgumentError` (a ``ValueError`` and a :class:`~phoenix.errors.PhxIOError`
+with EINVAL); both name the parameter, and the I/O errors the file, offset and length.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import operator
+import os
+
+from .errors import PhxIOError
+
+#: the largest file offset (and extent end) the core takes: off_t is signed 64-bit
+I64_MAX = (1 << 63) - 1
+#: the largest address
+U64_MAX = (1 << 64) - 1
+
+
+class ArgumentError(PhxIOError, ValueError):
+    """An argument out of the range the I/O core takes (EINVAL): names the parameter."""
+
+
+def integer(value, name: str, what: str) -> int:
+    """``value`` as an int; TypeError naming ``name`` for anything that is not an integer."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what}: {name} must be an integer, not a bool ({value!r})")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what}: {name} must be an integer, got {type(value).__name__} {value!r}") from None
+
+
+def extent(size, file_offset, buf_offset, path, what: str) -> tuple[int | None, int, int]:
+    """(size or None, file_offset, buf_offset) of one I/O, checked: each in [0, 2**63) and
+    the extent's end in the file at most 2**63 - 1."""
+    foff = integer(file_offset, "file_offset", what)
+    boff = integer(buf_offset, "buf_offset", what)
+    n = None if size is None else integer(size, "size", what)
+    shown = 0 if n is None else n
+    for value, name in ((foff, "file_offset"), (boff, "buf_offset"), (n, "size")):
+        if value is not None and not 0 <= value <= I64_MAX:
+            raise ArgumentError(_errno.EINVAL, path, foff, shown,
+                                f"{what}: {name}={value} is out of range (0 to 2**63-1)")
+    if n is not None and foff + n > I64_MAX:
+        raise ArgumentError(_errno.EINVAL, path, foff, n,
+                            f"{what}: the extent ends past 2**63-1, the largest file offset")
+    return n, foff, boff
+
+
+def raw_buffer(ptr, nbytes) -> tuple[int, int]:
+    """A ``(ptr, nbytes)`` pair, checked: a non-NULL address, a size in [0, 2**63), and an
+    extent that does not wrap past the top of the address space."""
+    p = integer(ptr, "ptr", "raw buffer (ptr, nbytes)")
+    n = integer(nbytes, "nbytes", "raw buffer (ptr, nbytes)")
+    if not 0 < p <= U64_MAX:
+        raise ValueError(f"raw buffer (ptr={p:#x}, nbytes={n}): the address must be non-NULL and fit 64 bits")
+    if not 0 <= n <= I64_MAX or p + n > U64_MAX + 1:
+        raise ValueError(f"raw buffer (ptr={p:#x}, nbytes={n}): the size must be 0 to 2**63-1 and the extent "
+                         "must not run past the top of the address space")
+    return p, n
+
+
+def path_bytes(path) -> bytes:
+    """A path for the C core: ``os.fsencode``'d; ValueError for an embedded NUL (the C core
+    would stop there and open another file: Python's own ``open`` refuses it too)."""
+    raw = os.fsencode(path)
+    if b"\0" in raw:
+        raise ValueError(f"path {os.fsdecode(raw)!r}: embedded null byte")
+    if not raw:
+        raise ValueError("path: empty")
+    return raw
+
+
+def bounded(value, name: str, what: str, low: int, high: int) -> int:
+    """An integer in [low, high]; ValueError naming ``name`` otherwise."""
+    v = integer(value, name, what)
+    if not low <= v <= high:
+        raise ValueError(f"{what}: {name}={v} must be between {low} and {high}")
+    return v
