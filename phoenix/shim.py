@@ -88,6 +88,7 @@ class Shim:
         self.missing_optional: list[str] = []
         self._error_name = None
         self._error_string = None
+        self._get_last_error = None
         self._symbols: dict[str, Any] = {}
 
     def address(self, symbol: str) -> int:
@@ -116,6 +117,14 @@ class Shim:
 
     def raise_for(self, call: str, code: int):
         name, msg = self.describe_error(code)
+        # The error is raised here: leave it out of the runtime's per-thread "last error"
+        # (CUDA's GetLastError returns and clears it), or the next library to ask in this
+        # thread (torch, CuPy) takes it for a failure of its own.
+        if self._get_last_error is not None:
+            try:
+                self._get_last_error()
+            except Exception:
+                pass
         raise VendorError(self.vendor, call, code, name, msg)
 
 
@@ -153,6 +162,10 @@ def load_shim(
         fn = getattr(handle, error_string)
         fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_int]
         shim._error_string = fn
+    if prefix and hasattr(handle, f"{prefix}GetLastError"):
+        fn = getattr(handle, f"{prefix}GetLastError")
+        fn.restype, fn.argtypes = ctypes.c_int, []
+        shim._get_last_error = fn
 
     for proto in protos:
         if not hasattr(handle, proto.symbol):
