@@ -6,7 +6,7 @@ each call it is, in order:
 1. the call's ``stream=`` argument: a vendor handle (``int``; 0 the default stream), a
    torch stream (``cuda_stream``), a CuPy stream (``ptr``), an object with the CUDA
    Python stream protocol (``__cuda_stream__``), a ctypes ``c_void_p`` (``value``), or
-   anything ``int()`` takes (cuda-python's ``CUstream``);
+   cuda-python's ``CUstream`` (``getPtr()``, ``int()``);
 2. the current stream of the buffer's framework, which :mod:`phoenix.buffers` records
    when it finds the extent (``Buffer.stream``): ``torch.cuda.current_stream(device)``
    for torch tensors, CuPy's current stream for CuPy arrays, the producer's stream a
@@ -43,10 +43,11 @@ def handle(stream) -> int:
             return _checked(v, stream)
         if attr == "value" and isinstance(stream, ctypes.c_void_p):
             return 0 if v is None else _checked(v, stream)
-    try:
+    get_ptr = getattr(stream, "getPtr", None)  # cuda-python's CUstream / cudaStream_t
+    if callable(get_ptr):
+        return _checked(int(get_ptr()), stream)
+    if not isinstance(stream, (str, bytes, float, complex)) and hasattr(type(stream), "__int__"):
         return _checked(int(stream), stream)
-    except (TypeError, ValueError):
-        pass
     raise TypeError(f"cannot use {type(stream).__module__}.{type(stream).__name__} as a stream: pass the vendor's "
                     "stream handle (an int), a torch or CuPy stream, or an object with __cuda_stream__")
 
