@@ -50,7 +50,7 @@ def rand(n: int, seed: int) -> np.ndarray:
 
 def run_py(code: str, *args, timeout: float = 60) -> subprocess.CompletedProcess:
     env = dict(os.environ, PHX_VENDOR="host", PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], env=env,
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], env=env, cwd=HERE,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -44,7 +44,7 @@ def run_py(code: str, *args, timeout: float = 30.0) -> subprocess.CompletedProce
     """Run code in a fresh interpreter (host vendor); a hang is killed after timeout."""
     env = dict(os.environ, PHX_VENDOR="host", PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
     try:
-        return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], env=env,
+        return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], env=env, cwd=HERE,
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"blocked for {timeout} s (killed): stdout={exc.stdout!r} stderr={exc.stderr!r}")

@@ -1474,11 +1474,6 @@ static phx_req *req_build(phx_ctx *ctx, const struct phx_io_desc *d, int interna
         STAT_ADD(chunks_staged, nchunks);
     else
         STAT_ADD(chunks_staged_cpu, nchunks);
-    if (d->op == PHX_OP_WRITE) {
-        int64_t cur = atomic_load(&f->known_size);
-        while (end > cur && !atomic_compare_exchange_weak(&f->known_size, &cur, end))
-            ;
-    }
     *queued = 1;
     return r;
 }
@@ -1504,7 +1499,8 @@ static int req_enter(phx_ctx *ctx, phx_req *r, int internal)
         /* (a stream op's own writes are counted by the op, in the caller's thread:
          * they are submitted from stream callbacks, where no vendor call may run) */
         r->fmap_write = 1; /* before the write is queued: see fmap_write_begin */
-        fmap_write_begin(ctx, r->file, r->foff, r->size);
+        fmap_write_begin(ctx, r->file, r->foff, r->size);        /* after file_get: a file with nothing in flight forgets its writes' ends */
+        file_note_write(r->file, r->foff + (int64_t)r->size);
     }
     return 0;
 }

@@ -284,9 +284,22 @@ void file_put(phx_file *f)
 {
     /* Under the mutex: once we unlock, close() may free f. */
     pthread_mutex_lock(&f->mu);
-    if (--f->inflight == 0 && f->closing)
-        pthread_cond_broadcast(&f->cv);
+    if (--f->inflight == 0) {
+        /* every write submitted through f has completed (fstat sees it): forget their
+         * ends, or a file truncated since would look longer to a stream-ordered read */
+        atomic_store(&f->known_size, 0);
+        if (f->closing)
+            pthread_cond_broadcast(&f->cv);
+    }
     pthread_mutex_unlock(&f->mu);
+}
+
+void file_note_write(phx_file *f, int64_t end)
+{
+    /* the caller holds a reference (file_get), so file_put cannot reset this under it */
+    int64_t cur = atomic_load(&f->known_size);
+    while (end > cur && !atomic_compare_exchange_weak(&f->known_size, &cur, end))
+        ;
 }
 
 int phx_file_close(phx_file *f)

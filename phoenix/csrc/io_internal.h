@@ -95,7 +95,7 @@ struct phx_file {
     _Atomic uint32_t probe_tick;
     uint32_t a_off, a_mem;      /* O_DIRECT alignments (file offset/length, memory) */
     uint32_t align;             /* max(a_off, a_mem, page size): the planner's unit */
-    _Atomic int64_t known_size; /* largest end of a submitted write */
+    _Atomic int64_t known_size; /* largest end of a write in flight (0 when none is) */
     uint64_t st_dev, st_ino;    /* the fmap cache's key (fstat at open) */
     int fmap_ok;                /* a regular file not opened direct=ON: fmap may serve it */
     _Atomic int fmap_cold;      /* consecutive misses whose range was not cached */
@@ -113,6 +113,7 @@ struct phx_file {
 /* Count a request in (-EBADF once closing) and out (wakes close). */
 int file_get(phx_file *f);
 void file_put(phx_file *f);
+void file_note_write(phx_file *f, int64_t end); /* a write to end is in flight */
 void file_disable_direct(phx_file *f, const char *why);
 int file_fault(phx_file *f, int64_t off, uint64_t len);
 

@@ -21,8 +21,8 @@
  *           all or nothing.
  *
  * The sizes of queued copies are fixed at submission, so a staged read is clamped to
- * the file size known then (fstat, and the ends of writes submitted through this
- * file): the device copy never writes bytes the file did not supply. If the file
+ * the file size known then (fstat, and the ends of writes through this file still in
+ * flight): the device copy never writes bytes the file did not supply. If the file
  * shrinks before the stream gets there, the missing bytes are zeros in the slot and
  * the count says how many were read.
  */
@@ -287,11 +287,6 @@ int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64
     s->size = size;
     s->nch = nch;
     atomic_init(&s->refs, out ? 2 : 1);
-    if (d->op == PHX_OP_WRITE && size) {
-        int64_t end = d->file_offset + (int64_t)size, cur = atomic_load(&f->known_size);
-        while (end > cur && !atomic_compare_exchange_weak(&f->known_size, &cur, end))
-            ;
-    }
     int rc = file_get(f);
     if (rc < 0) {
         free(s);
@@ -306,6 +301,7 @@ int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64
     if (bytes_done)
         *bytes_done = 0;
     if (d->op == PHX_OP_WRITE && size) {
+        file_note_write(f, d->file_offset + (int64_t)size); /* after file_get: see file_put */
         s->fmap_write = 1; /* drops the windows it overlaps, in this (the caller's) thread */
         fmap_write_begin(ctx, f, d->file_offset, size);
     }

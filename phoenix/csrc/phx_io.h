@@ -141,7 +141,7 @@ struct phx_file_info {
     uint32_t dio_mem_align;    /* memory alignment of O_DIRECT */
     int32_t fd_direct, fd_buffered;
     uint32_t reserved;
-    int64_t known_size;        /* largest end of a write submitted through this file */
+    int64_t known_size;        /* largest end of a write in flight through this file  */
     char why[160];             /* why O_DIRECT is or is not used */
 };
 int phx_file_query(phx_file *f, struct phx_file_info *out);
