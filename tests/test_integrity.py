@@ -25,6 +25,7 @@ import pytest
 
 import phoenix.io as pio
 import phoenix.settings as ps
+from phoenix.vendor import CopyKind
 from phoenix.checks import ArgumentError
 from phoenix.errors import PhxIOError
 from phoenix.vendor import CopyKind, parse_size
@@ -290,3 +291,53 @@ def test_stream_ops_beside_blocking_staged_io_with_one_worker_and_a_1m_pool(tmp_
     except subprocess.TimeoutExpired:
         pytest.fail("hung: stream ops and blocking staged I/O with 1 worker and a 1 MiB pool")
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+# ---- offsets next to the largest one --------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("direct", [None, True, False])
+def test_reads_and_writes_next_to_the_largest_offset(tmp_path, engine, direct):
+    """Extents that end just short of 2**63: the chunk boundary after them is 2**63 itself,
+    which int64_t cannot hold (a read of 1 byte became a chunk of hundreds, past the
+    buffer, and O_DIRECT blocks past the largest offset were refused). A read there is past
+    EOF (0, the buffer untouched); a write there is the file system's to refuse (EFBIG)."""
+    path = tmp_path / "far.bin"
+    path.write_bytes(rand(5000, 3).tobytes())
+    with ps.override(engine=engine), pio.open(path, "r+", direct=direct) as f:
+        for back in (1 + 1, 344, 4096, 4097, 8187, 1 << 20):
+            off = 2**63 - back
+            size = min(back - 1, 3000)
+            buf = np.full(size + 8192, 0x5A, np.uint8)
+            assert f.read(buf, size, off, 4096) == 0, back
+            assert (buf == 0x5A).all(), f"bytes written by a read past EOF at 2**63-{back}"
+            with pytest.raises(OSError) as ei:
+                f.write(buf, size, off, 4096)
+            assert ei.value.errno in (errno.EFBIG, errno.EINVAL), ei.value
+    assert path.read_bytes() == rand(5000, 3).tobytes()
+
+
+@pytest.mark.parametrize("mode", ["staged", "auto"])
+def test_a_stream_read_after_an_external_truncation_moves_nothing(rt, tmp_path, mode):
+    """A stream-ordered staged read is sized when it is queued: from fstat and the ends of
+    this file's writes still in flight, never from writes long completed (the file was
+    truncated since by someone else: the copy wrote zeros past the count)."""
+    path = tmp_path / "trunc.bin"
+    n = 3 * 4096 + 5
+    dev = rt.device_alloc(n + 4096)
+    try:
+        with ps.override(mode=mode), pio.open(path, "w+") as f:
+            src = rand(n, 4)
+            assert f.write(src, n, 0) == n
+            os.truncate(path, 0)
+            poison = np.full(n + 4096, 0xC3, np.uint8)
+            rt.memcpy(dev, poison.ctypes.data, n + 4096, CopyKind.HOST_TO_DEVICE)
+            op = f.read_async((dev, n), n, 0, stream=0)
+            rt.stream_synchronize(0)
+            assert op.result() == 0
+            back = np.empty(n + 4096, np.uint8)
+            rt.memcpy(back.ctypes.data, dev, n + 4096, CopyKind.DEVICE_TO_HOST)
+            assert (back == 0xC3).all(), f"{int((back != 0xC3).sum())} device bytes changed by a read of an empty file"
+    finally:
+        rt.device_free(dev)

@@ -1382,6 +1382,11 @@ static phx_req *req_build(phx_ctx *ctx, const struct phx_io_desc *d, int interna
         nchunks = fp.nchunks;
     } else if (!err && d->size) {
         direct = atomic_load(&f->direct_ok);
+        /* O_DIRECT reads and writes whole aligned blocks: one that would end past the
+         * largest file offset is refused (EINVAL) where the exact extent is not (a read
+         * there is past every file's end: 0); such extents go buffered */
+        if (direct && (uint64_t)d->file_offset + d->size > (uint64_t)INT64_MAX - 2 * (uint64_t)f->align)
+            direct = 0;
         A = direct ? f->align : 4096;
         if (!staged_dev && direct) {
             /* O_DIRECT into the caller's memory needs the body's address aligned where
@@ -1451,9 +1456,10 @@ static phx_req *req_build(phx_ctx *ctx, const struct phx_io_desc *d, int interna
     int64_t off = d->file_offset, end = d->file_offset + (int64_t)d->size;
     for (uint32_t i = 0; i < nchunks; i++) {
         struct io_chunk *ch = &r->chunks[i];
-        int64_t next = (int64_t)align_down((uint64_t)off, C) + (int64_t)C;
-        if (next > end)
-            next = end;
+        /* in unsigned arithmetic: the next boundary may lie at 2**63 (offsets near the
+         * largest one), which int64_t cannot hold */
+        uint64_t bound = align_down((uint64_t)off, C) + C;
+        int64_t next = bound > (uint64_t)end ? end : (int64_t)bound;
         ch->req = r;
         ch->foff = off;
         ch->len = (uint64_t)(next - off);

@@ -322,9 +322,10 @@ int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64
         int64_t off = d->file_offset, end = d->file_offset + (int64_t)size;
         for (int i = 0; i < nch; i++) {
             struct sop_chunk *c = &s->ch[i];
-            int64_t next = (int64_t)align_down((uint64_t)off, C) + (int64_t)C;
-            if (next > end)
-                next = end;
+            /* in unsigned arithmetic: the next boundary may lie at 2**63 (offsets near the
+             * largest one), which int64_t cannot hold */
+            uint64_t bound = align_down((uint64_t)off, C) + C;
+            int64_t next = bound > (uint64_t)end ? end : (int64_t)bound;
             c->sop = s;
             c->idx = i;
             c->foff = off;
