@@ -25,7 +25,6 @@ import pytest
 
 import phoenix.io as pio
 import phoenix.settings as ps
-from phoenix.vendor import CopyKind
 from phoenix.checks import ArgumentError
 from phoenix.errors import PhxIOError
 from phoenix.vendor import CopyKind, parse_size
