@@ -26,7 +26,12 @@
  * shrinks before the stream gets there, the missing bytes are zeros in the slot and
  * the count says how many were read.
  */
-#include "io_internal.h"
+#include "io_ctx.h"
+#include "io_file.h"
+#include "io_fmap.h"
+#include "io_pool.h"
+#include "io_req.h"
+#include "io_sync.h"
 
 #include <errno.h>
 #include <stdlib.h>
