@@ -45,16 +45,11 @@
 #define IO_CACHED_SLOTS 4               /* ... and slots of them in use per worker (at most) */
 
 /* ---- counters (phx_io_get_stats, io_stats.c) ---- */
+#define IO_COUNTER_FIELD(name) _Atomic int64_t name;
 struct io_counters {
-    _Atomic int64_t contexts, threads, files, requests, stream_ops, registrations, worker_streams;
-    _Atomic int64_t bounce_bytes, bounce_in_use;
-    _Atomic int64_t bytes_read, bytes_written;
-    _Atomic int64_t chunks_user, chunks_staged, chunks_staged_cpu;
-    _Atomic int64_t io_direct, io_buffered, reissues, direct_fallbacks, uring_enters;
-    _Atomic int64_t cache_hit_bytes, cache_misses;
-    _Atomic int64_t fmap_windows, fmap_bytes, fmap_hits, fmap_misses;
-    _Atomic int64_t pool_waits, copy_flushes;
+    PHX_IO_STATS(IO_COUNTER_FIELD)
 };
+#undef IO_COUNTER_FIELD
 
 #pragma GCC visibility push(hidden)
 extern struct io_counters io_stats;

@@ -40,7 +40,7 @@ void *worker_stream(struct io_worker *w, int dev)
     return w->streams[dev];
 }
 
-/* ---- staged chunks ------------------------------------------------------------------------ */
+/* ---- staged chunks: completion callbacks, copies -------------------------------------------- */
 
 /* Stream callback: a staged read's device copy is done. No vendor call, no Python. */
 static void cb_read_copied(void *arg)
@@ -165,7 +165,7 @@ void run_copies(struct io_worker *w)
     }
 }
 
-/* ---- chunks: warm reads from registered file mappings (io_fmap.c) ----------------------- */
+/* ---- file-mapping hits (planned by io_fmap.c) --------------------------------------------- */
 
 /* Stream callback: every piece of a hit is on the device. Cuts the pieces' counts to
  * what the file held and drops the window references (fmap_req_copied: no vendor call),

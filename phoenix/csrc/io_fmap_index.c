@@ -118,6 +118,8 @@ struct io_fwin *fmap_drop_locked(struct io_fmap *m, struct io_fwin *w)
     return NULL; /* PENDING */
 }
 
+/* ---- the write table: phoenix writes in flight per inode ------------------------------------ */
+
 static unsigned wkey(uint64_t dev, uint64_t ino)
 {
     return (unsigned)(((dev * 0x9e3779b97f4a7c15ull) ^ (ino * 0xc2b2ae3d27d4eb4full)) >> 40) % FMAP_WHASH;
@@ -193,6 +195,9 @@ void fmap_init(phx_ctx *ctx)
         m->mode = PHX_FMAP_OFF;
 }
 
+/* Drop every window and the registration queue, waiting for a registration in progress;
+ * `stop` also makes the registrar exit. Returns how many registered windows were dropped
+ * (those in use are released by their last fmap_unref). */
 int fmap_clear_all(phx_ctx *ctx, int stop)
 {
     struct io_fmap *m = &ctx->fmap;

@@ -9,13 +9,7 @@ struct io_counters io_stats;
 
 void phx_io_get_stats(struct phx_io_stats *o)
 {
-#define S(x) o->x = atomic_load(&io_stats.x)
-    S(contexts); S(threads); S(files); S(requests); S(stream_ops); S(registrations); S(worker_streams);
-    S(bounce_bytes); S(bounce_in_use); S(bytes_read); S(bytes_written);
-    S(chunks_user); S(chunks_staged); S(chunks_staged_cpu);
-    S(io_direct); S(io_buffered); S(reissues); S(direct_fallbacks); S(uring_enters);
-    S(cache_hit_bytes); S(cache_misses);
-    S(fmap_windows); S(fmap_bytes); S(fmap_hits); S(fmap_misses);
-    S(pool_waits); S(copy_flushes);
+#define S(name) o->name = atomic_load(&io_stats.name);
+    PHX_IO_STATS(S)
 #undef S
 }

@@ -304,21 +304,29 @@ int phx_mem_probe(uint64_t addr, uint64_t size);
 
 /* ---- counters --------------------------------------------------------------------- */
 
+/* The counters, defined once: X(name) for each, in the order of struct phx_io_stats (the
+ * core's own atomic counters and phx_io_get_stats are made from the same list). */
+#define PHX_IO_STATS(X)                                                                     \
+    /* live objects: all zero once every file is closed, every buffer deregistered and  */ \
+    /* every context destroyed                                                          */ \
+    X(contexts) X(threads) X(files) X(requests) X(stream_ops) X(registrations)             \
+    X(worker_streams) X(bounce_bytes) X(bounce_in_use)                                     \
+    /* cumulative                                                                       */ \
+    X(bytes_read) X(bytes_written)                                                         \
+    X(chunks_user) X(chunks_staged) X(chunks_staged_cpu)                                   \
+    X(io_direct) X(io_buffered) X(reissues) X(direct_fallbacks) X(uring_enters)            \
+    /* page-cache probes (cachestat) of O_DIRECT reads                                  */ \
+    X(cache_hit_bytes) X(cache_misses)                                                     \
+    /* file-mapping cache: live windows and bytes registered; requests served or not    */ \
+    X(fmap_windows) X(fmap_bytes) X(fmap_hits) X(fmap_misses)                              \
+    /* chunks that waited for a bounce slot; completion callbacks of staged reads       */ \
+    X(pool_waits) X(copy_flushes)
+
+#define PHX_IO_STAT_FIELD(name) int64_t name;
 struct phx_io_stats {
-    /* live objects: all zero once every file is closed, every buffer deregistered and
-     * every context destroyed */
-    int64_t contexts, threads, files, requests, stream_ops, registrations, worker_streams;
-    int64_t bounce_bytes, bounce_in_use;
-    /* cumulative */
-    int64_t bytes_read, bytes_written;
-    int64_t chunks_user, chunks_staged, chunks_staged_cpu;
-    int64_t io_direct, io_buffered, reissues, direct_fallbacks, uring_enters;
-    int64_t cache_hit_bytes, cache_misses; /* page-cache probes (cachestat) of O_DIRECT reads */
-    /* file-mapping cache: live windows and bytes registered; requests served by it or not */
-    int64_t fmap_windows, fmap_bytes, fmap_hits, fmap_misses;
-    /* chunks that waited for a bounce slot; completion callbacks launched for staged reads */
-    int64_t pool_waits, copy_flushes;
+    PHX_IO_STATS(PHX_IO_STAT_FIELD)
 };
+#undef PHX_IO_STAT_FIELD
 void phx_io_get_stats(struct phx_io_stats *out);
 
 /* Test hook: a host callback for launch_host_func that tests queue between stream
