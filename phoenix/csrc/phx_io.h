@@ -329,21 +329,4 @@ struct phx_io_stats {
 #undef PHX_IO_STAT_FIELD
 void phx_io_get_stats(struct phx_io_stats *out);
 
-/* Test hook: a host callback for launch_host_func that tests queue between stream
- * I/O and copies, so that ordering is observed without any Python on the stream:
- * kind 0 copies size bytes src -> dst (a snapshot of a buffer at that point of the
- * stream), kind 1 preads size bytes of fd at offset into dst (a snapshot of the file);
- * kind 2 holds the stream until the int64 at src is non-zero (a gate), kind 3 holds
- * it for size microseconds; all then take
- * a ticket from *counter into seq (the callback's place in time) and store the
- * outcome (bytes or -errno) into result. */
-struct phx_test_hostfn {
-    int32_t kind, fd;
-    uint64_t dst, src, size;
-    int64_t offset;
-    int64_t *counter;
-    int64_t seq, result;
-};
-void phx_io_test_hostfn(void *arg);
-
 #endif
