@@ -1,7 +1,7 @@
 /* Files of the I/O core: two descriptors per file and their O_DIRECT alignment.
  *
  * Core side, control plane (open, close) with a few data-path helpers (file_get/put,
- * fault injection). A file holds an O_DIRECT descriptor where the file system takes
+ * the page-cache probe of direct=AUTO reads, fault injection). A file holds an O_DIRECT descriptor where the file system takes
  * one, for the aligned body of every transfer, and a buffered descriptor for the
  * unaligned head and tail and as the fallback (tmpfs on older kernels refuses
  * O_DIRECT with EINVAL at open; some file systems only at the first I/O, which
@@ -12,7 +12,8 @@
  * returned, through /proc/self/fd (reopen_fd). Files without offsets are refused at open
  * (file_check_kind): phoenix does positioned I/O only.
  */
-#include "io_internal.h"
+#include "io_file.h"
+#include "phx_testing.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -22,6 +23,7 @@
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 /* O_DIRECT alignments: statx(STATX_DIOALIGN) (Linux 6.1+) says them; without it the
@@ -370,6 +372,66 @@ int phx_file_query(phx_file *f, struct phx_file_info *out)
     pthread_mutex_unlock(&f->mu);
     return 0;
 }
+
+/* ---- the page-cache probe (direct=AUTO reads) ------------------------------------------ */
+
+/* An O_DIRECT read of data that is already cached would go to the disk anyway (and flush
+ * dirty pages first), so a read whose range is mostly cached is done buffered instead.
+ * cachestat(2) (Linux 6.5+) counts the cached pages of a range without touching them or
+ * starting readahead (a RWF_NOWAIT read would start readahead on a miss: disk bandwidth
+ * stolen from the O_DIRECT reads). The answer only picks the path: both paths read the
+ * same bytes. While probes miss, back off: after 8 misses in a row, one read in 32
+ * probes. */
+#ifndef __NR_cachestat
+#define __NR_cachestat 451 /* the same number on every architecture */
+#endif
+struct io_cachestat_range {
+    uint64_t off, len;
+};
+struct io_cachestat {
+    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+};
+
+int io_cachestat(int fd, int64_t off, uint64_t len, uint64_t *nr_cache)
+{
+    struct io_cachestat_range range = {(uint64_t)off, len};
+    struct io_cachestat cs;
+    if (syscall(__NR_cachestat, fd, &range, &cs, 0) < 0)
+        return -errno;
+    *nr_cache = cs.nr_cache;
+    return 0;
+}
+
+int file_mostly_cached(phx_file *f, int64_t off, uint64_t len)
+{
+    if (!atomic_load_explicit(&f->cache_probe, memory_order_relaxed))
+        return 0;
+    if (atomic_load_explicit(&f->probe_misses, memory_order_relaxed) >= 8 &&
+        (atomic_fetch_add_explicit(&f->probe_tick, 1, memory_order_relaxed) & 31) != 0)
+        return 0;
+    uint64_t cached = 0;
+    if (io_cachestat(f->fd_buf, off, len, &cached) < 0) {
+        atomic_store(&f->cache_probe, 0); /* ENOSYS (kernel < 6.5), EPERM (seccomp): stop asking */
+        return 0;
+    }
+    uint64_t pages = (len + 4095) / 4096;
+    if (cached * 2 >= pages && cached) {
+        atomic_store_explicit(&f->probe_misses, 0, memory_order_relaxed);
+        STAT_ADD(cache_hit_bytes, (int64_t)len);
+        return 1;
+    }
+    atomic_fetch_add_explicit(&f->probe_misses, 1, memory_order_relaxed);
+    STAT_ADD(cache_misses, 1);
+    return 0;
+}
+
+int phx_cache_probe_works(phx_file *f)
+{
+    uint64_t cached = 0;
+    return io_cachestat(f->fd_buf, 0, 4096, &cached);
+}
+
+/* ---- fault injection (phx_testing.h) ------------------------------------------------------ */
 
 int phx_file_inject_fault(phx_file *f, int64_t offset, uint64_t length, int err)
 {

@@ -12,7 +12,9 @@
  * list with its event (no vendor call: that may happen in a stream callback) and is
  * recorded again by a later call; they are destroyed with the context.
  */
-#include "io_internal.h"
+#include "io_ctx.h"
+#include "io_order.h"
+#include "io_worker.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -13,7 +13,9 @@
  * and stream callbacks (pool_free only: no vendor call, so they may).
  * Growing the pool calls host_register: only from workers and submitters.
  */
-#include "io_internal.h"
+#include "io_ctx.h"
+#include "io_pool.h"
+#include "io_worker.h"
 
 #include <errno.h>
 #include <stdlib.h>

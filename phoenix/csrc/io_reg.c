@@ -11,12 +11,16 @@
  * a registration must end inside it; otherwise the request is refused with EFAULT
  * before any byte moves. An extent that starts in no registration is the caller's to
  * check (the Python layer checks it against the buffer object it was given).
+ *
+ * Beside it, phx_mem_probe: is a raw (pointer, size) host buffer readable memory at all.
  */
-#include "io_internal.h"
+#include "io_common.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 struct reg {
     uint64_t base, end;
@@ -123,4 +127,23 @@ int phx_reg_clear(void)
     capregs = 0;
     pthread_rwlock_unlock(&reg_lock);
     return n;
+}
+
+/* ---- the memory probe (raw host buffers) ---------------------------------------------- */
+
+int phx_mem_probe(uint64_t addr, uint64_t size)
+{
+    if (!size)
+        return 0;
+    if (!addr || addr + size < addr)
+        return -EFAULT;
+    char b[2];
+    struct iovec local[2] = {{&b[0], 1}, {&b[1], 1}};
+    struct iovec remote[2] = {{(void *)(uintptr_t)addr, 1}, {(void *)(uintptr_t)(addr + size - 1), 1}};
+    ssize_t n = process_vm_readv(getpid(), local, 2, remote, 2, 0);
+    if (n == 2)
+        return 0;
+    if (n < 0 && (errno == ENOSYS || errno == EPERM))
+        return -ENOSYS;
+    return -EFAULT;
 }

@@ -13,7 +13,7 @@
  * publish sq_tail with a release store and read cq_tail with an acquire load, as
  * liburing does.
  */
-#include "io_internal.h"
+#include "io_ring.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -26,13 +26,16 @@
  * shrinks before the stream gets there, the missing bytes are zeros in the slot and
  * the count says how many were read.
  */
-#include "io_internal.h"
+#include "io_ctx.h"
+#include "io_file.h"
+#include "io_fmap.h"
+#include "io_pool.h"
+#include "io_req.h"
+#include "io_sync.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #define SOP_MAX_SLOTS 4
 
@@ -380,29 +383,4 @@ void phx_sop_release(phx_sop *s)
 {
     if (s)
         sop_unref(s);
-}
-
-void phx_io_test_hostfn(void *arg)
-{
-    struct phx_test_hostfn *t = arg;
-    int64_t res;
-    if (t->kind == 2) { /* a gate: hold the stream until *(int64_t *)src != 0 */
-        volatile int64_t *gate = (volatile int64_t *)(uintptr_t)t->src;
-        struct timespec ts = {0, 200000};
-        while (!__atomic_load_n(gate, __ATOMIC_ACQUIRE))
-            nanosleep(&ts, NULL);
-        res = 0;
-    } else if (t->kind == 3) { /* hold the stream for size microseconds */
-        struct timespec ts = {(time_t)(t->size / 1000000), (long)(t->size % 1000000) * 1000};
-        nanosleep(&ts, NULL);
-        res = 0;
-    } else if (t->kind == 0) {
-        memcpy((void *)(uintptr_t)t->dst, (const void *)(uintptr_t)t->src, t->size);
-        res = (int64_t)t->size;
-    } else {
-        ssize_t n = pread(t->fd, (void *)(uintptr_t)t->dst, t->size, t->offset);
-        res = n < 0 ? -errno : n;
-    }
-    t->result = res;
-    t->seq = t->counter ? __atomic_fetch_add(t->counter, 1, __ATOMIC_SEQ_CST) : 0;
 }

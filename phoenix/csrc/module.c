@@ -6,7 +6,7 @@
 
 static struct PyModuleDef phxcore_module = {
     PyModuleDef_HEAD_INIT, "_phxcore",
-    "Phoenix C core (loaded through ctypes; see phoenix/_core.py).", -1, NULL,
+    "Phoenix C core (loaded through ctypes; see phoenix/_core.py).", -1, NULL, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__phxcore(void) { return PyModule_Create(&phxcore_module); }

@@ -16,7 +16,7 @@
  *             host callbacks queued with launch_host_func run the file I/O, device
  *             copies queued between them move the bytes; results bound late.
  *
- * Paths, chosen per request (PHX_MODE; see io_engine.c):
+ * Paths, chosen per request (PHX_MODE; see io_plan.c and io_chunk.c):
  *   user    the file I/O lands in the caller's memory: host memory (pinned, registered
  *           or plain: zero-copy) and device memory the CPU can address (vendor
  *           direct_capable: "direct"). O_DIRECT for the page-aligned body, buffered
@@ -53,7 +53,7 @@ struct phx_io_config {
     int32_t fmap_mode;         /* enum phx_fmap_mode: the file-mapping cache (below) */
     uint64_t fmap_budget;      /* most bytes of file mappings registered at once (0: off) */
     uint64_t fmap_window;      /* bytes per mapping window: a multiple of 2 MiB */
-    uint32_t fmap_register_flags; /* host_register flags for mappings (CUDA: 1 portable | 8 read-only) */
+    uint32_t fmap_register_flags; /* host_register flags for mappings (the port's portable | read-only) */
     uint32_t flags;            /* PHX_CFG_* */
 };
 
@@ -61,7 +61,7 @@ enum {
     /* The vendor's copies are CPU copies (a test double: the host vendor, emulators): a
      * copy from a file mapping whose file is truncated meanwhile faults (SIGBUS), where a
      * DMA from pinned pages does not; the file-mapping cache then guards its mappings
-     * with a SIGBUS handler (io_fmap.c). Never set for hardware. */
+     * with a SIGBUS handler (io_fmap_guard.c). Never set for hardware. */
     PHX_CFG_CPU_COPIES = 1,
 };
 
@@ -95,7 +95,7 @@ int phx_ctx_sizes(const phx_ctx *ctx, struct phx_ctx_sizes *out);
  * bounce pool. */
 void phx_ctx_destroy(phx_ctx *ctx);
 /* Allocate and pin the whole bounce pool now (it otherwise grows on first need). Pinning
- * goes through the vendor (cudaHostRegister), which a runtime may serialize behind busy
+ * goes through the vendor (host_register), which a runtime may serialize behind busy
  * streams: an application that holds streams with its own callbacks prepares the context
  * before its first stream-ordered I/O. Returns the pool's pinned bytes or a negative errno. */
 int64_t phx_ctx_prepare(phx_ctx *ctx);
@@ -145,12 +145,6 @@ struct phx_file_info {
     char why[160];             /* why O_DIRECT is or is not used */
 };
 int phx_file_query(phx_file *f, struct phx_file_info *out);
-
-/* Test hook: every transfer of this file overlapping [offset, offset+length) fails
- * with err (err 0 clears); EINVAL hits only O_DIRECT transfers, as a file system that
- * refuses O_DIRECT at the first I/O does. Lets tests prove that a failed chunk fails
- * only its request, and exercise the buffered fallback. */
-int phx_file_inject_fault(phx_file *f, int64_t offset, uint64_t length, int err);
 
 /* ---- requests --------------------------------------------------------------------- */
 
@@ -257,14 +251,15 @@ int phx_reg_lookup(uint64_t addr, uint64_t size, struct phx_reg_info *out);
 /* Drop every registration (driver close); returns how many there were. */
 int phx_reg_clear(void);
 
-/* ---- the file-mapping registration cache (io_fmap.c) ------------------------------------
+/* ---- the file-mapping registration cache (io_fmap*.c) -----------------------------------
  *
  * Warm reads into device memory: a file range that is in the page cache (or tmpfs) is
  * mmap'd (PROT_READ, MAP_SHARED|MAP_POPULATE: the page-cache pages themselves, no copy)
  * in windows of fmap_window bytes (aligned in file offsets), and each window is
- * host-registered once with the vendor (fmap_register_flags; retried without read-only,
- * then marked unregistrable and never retried). A staged read into device memory whose
- * whole range lies in registered windows is one unit of work: one worker queues one
+ * host-registered once with the vendor (fmap_register_flags; retried without the data-path
+ * table's host_register_read_only bit, then marked unregistrable and never retried). A
+ * staged read into device memory whose whole range lies in registered windows is one
+ * unit of work: one worker queues one
  * memcpy_async per window piece (<= 256 MiB) on its stream and one host callback that
  * completes the request -- no bounce buffer, no pread, one wakeup, one waiter (about
  * 0.02 CPU s/GB against 0.3 for copying through bounce buffers). Registering costs
@@ -309,38 +304,29 @@ int phx_mem_probe(uint64_t addr, uint64_t size);
 
 /* ---- counters --------------------------------------------------------------------- */
 
-struct phx_io_stats {
-    /* live objects: all zero once every file is closed, every buffer deregistered and
-     * every context destroyed */
-    int64_t contexts, threads, files, requests, stream_ops, registrations, worker_streams;
-    int64_t bounce_bytes, bounce_in_use;
-    /* cumulative */
-    int64_t bytes_read, bytes_written;
-    int64_t chunks_user, chunks_staged, chunks_staged_cpu;
-    int64_t io_direct, io_buffered, reissues, direct_fallbacks, uring_enters;
-    int64_t cache_hit_bytes, cache_misses; /* page-cache probes (cachestat) of O_DIRECT reads */
-    /* file-mapping cache: live windows and bytes registered; requests served by it or not */
-    int64_t fmap_windows, fmap_bytes, fmap_hits, fmap_misses;
-    /* chunks that waited for a bounce slot; completion callbacks launched for staged reads */
-    int64_t pool_waits, copy_flushes;
-};
-void phx_io_get_stats(struct phx_io_stats *out);
+/* The counters, defined once: X(name) for each, in the order of struct phx_io_stats (the
+ * core's own atomic counters and phx_io_get_stats are made from the same list). */
+#define PHX_IO_STATS(X)                                                                     \
+    /* live objects: all zero once every file is closed, every buffer deregistered and  */ \
+    /* every context destroyed                                                          */ \
+    X(contexts) X(threads) X(files) X(requests) X(stream_ops) X(registrations)             \
+    X(worker_streams) X(bounce_bytes) X(bounce_in_use)                                     \
+    /* cumulative                                                                       */ \
+    X(bytes_read) X(bytes_written)                                                         \
+    X(chunks_user) X(chunks_staged) X(chunks_staged_cpu)                                   \
+    X(io_direct) X(io_buffered) X(reissues) X(direct_fallbacks) X(uring_enters)            \
+    /* page-cache probes (cachestat) of O_DIRECT reads                                  */ \
+    X(cache_hit_bytes) X(cache_misses)                                                     \
+    /* file-mapping cache: live windows and bytes registered; requests served or not    */ \
+    X(fmap_windows) X(fmap_bytes) X(fmap_hits) X(fmap_misses)                              \
+    /* chunks that waited for a bounce slot; completion callbacks of staged reads       */ \
+    X(pool_waits) X(copy_flushes)
 
-/* Test hook: a host callback for launch_host_func that tests queue between stream
- * I/O and copies, so that ordering is observed without any Python on the stream:
- * kind 0 copies size bytes src -> dst (a snapshot of a buffer at that point of the
- * stream), kind 1 preads size bytes of fd at offset into dst (a snapshot of the file);
- * kind 2 holds the stream until the int64 at src is non-zero (a gate), kind 3 holds
- * it for size microseconds; all then take
- * a ticket from *counter into seq (the callback's place in time) and store the
- * outcome (bytes or -errno) into result. */
-struct phx_test_hostfn {
-    int32_t kind, fd;
-    uint64_t dst, src, size;
-    int64_t offset;
-    int64_t *counter;
-    int64_t seq, result;
+#define PHX_IO_STAT_FIELD(name) int64_t name;
+struct phx_io_stats {
+    PHX_IO_STATS(PHX_IO_STAT_FIELD)
 };
-void phx_io_test_hostfn(void *arg);
+#undef PHX_IO_STAT_FIELD
+void phx_io_get_stats(struct phx_io_stats *out);
 
 #endif

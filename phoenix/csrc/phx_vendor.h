@@ -35,7 +35,10 @@ struct phx_dp_table {
      * writes the memory) waits for it on the host (event_synchronize). Without them the
      * core synchronizes the caller's stream before submitting (phx info says so). */
     unsigned event_flags;                        /* flags for event_create (no timing) */
-    unsigned reserved;
+    /* The read-only bit of the runtime's host_register flags (0: it has none). A refused
+     * registration of a file mapping (phx_io_config.fmap_register_flags) is retried
+     * without it (CUDA-shaped runtimes: cudaHostRegisterReadOnly's value; the port says). */
+    unsigned host_register_read_only;
     int (*get_device)(int *ordinal);
     int (*event_create)(void **event, unsigned flags);
     int (*event_record)(void *event, void *stream);

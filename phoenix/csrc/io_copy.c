@@ -1,0 +1,219 @@
+/* Device copies of staged chunks and of file-mapping hits, and their stream callbacks.
+ *
+ * Core side, data path. The worker queues copies on its own stream for the device
+ * (worker_stream) and host callbacks after them (launch_host_func); the callbacks run
+ * on the vendor's stream thread and only free slots, finish chunks and wake workers:
+ * never a vendor call, never Python.
+ *
+ *   staged reads   the slot -> device copy of each chunk whose file I/O is done; one
+ *                  callback per device per worker round (flush_copies) frees the slots
+ *                  and finishes the chunks copied in it.
+ *   staged writes  the device -> slot copy, then a callback that hands the chunk back
+ *                  to its worker (inbox + eventfd), which writes it.
+ *   fmap hits      one copy per window piece, one callback for the whole request.
+ */
+#include "io_fmap.h"
+#include "io_order.h"
+#include "io_worker.h"
+
+#include <errno.h>
+
+/* ---- the worker's streams --------------------------------------------------------------- */
+
+void *worker_stream(struct io_worker *w, int dev)
+{
+    const struct phx_dp_table *dp = &w->ctx->dp;
+    if (dev < 0 || dev >= IO_MAX_DEVICES)
+        return NULL;
+    if (w->cur_dev != dev) {
+        if (dp->set_device(dev) != dp->success)
+            return NULL;
+        w->cur_dev = dev;
+    }
+    if (!w->streams[dev]) {
+        void *s = NULL;
+        if (dp->stream_create(&s, dp->stream_flags) != dp->success)
+            return NULL;
+        w->streams[dev] = s;
+        STAT_ADD(worker_streams, 1);
+    }
+    return w->streams[dev];
+}
+
+/* ---- staged chunks: completion callbacks, copies -------------------------------------------- */
+
+/* Stream callback: a staged read's device copy is done. No vendor call, no Python. */
+static void cb_read_copied(void *arg)
+{
+    struct io_chunk *ch = arg;
+    slot_free(ch);
+    chunk_finish(ch);
+}
+
+/* Stream callback: the device copies of a batch of staged reads are done (a list linked
+ * through ->next, see flush_copies). No vendor call, no Python. */
+static void cb_read_copied_list(void *arg)
+{
+    struct io_chunk *ch = arg;
+    while (ch) {
+        struct io_chunk *next = ch->next; /* before finishing: the request may be freed */
+        cb_read_copied(ch);
+        ch = next;
+    }
+}
+
+/* Launch one completion callback per device for the staged reads whose copies this worker
+ * queued since the last flush. A host callback per chunk costs the runtime's callback
+ * thread ~tens of microseconds each: at 64 KiB random reads it was the bottleneck; here a
+ * worker's completions of one reap share one. Called before the worker sleeps, and as
+ * soon as IO_FLUSH_BYTES are queued (large chunks: their slots come back one by one, not
+ * after the worker's whole round of reads, which for page-cache reads run inline). */
+void flush_copies(struct io_worker *w)
+{
+    const struct phx_dp_table *dp = &w->ctx->dp;
+    for (int d = 0; d < IO_MAX_DEVICES; d++) {
+        struct io_chunk *list = w->copied[d];
+        if (!list)
+            continue;
+        w->copied[d] = NULL;
+        w->copied_bytes[d] = 0;
+        void *stream = w->streams[d];
+        if (w->cur_dev != d && dp->set_device(d) == dp->success)
+            w->cur_dev = d;
+        STAT_ADD(copy_flushes, 1);
+        if (dp->launch_host_func(stream, cb_read_copied_list, list) != dp->success) {
+            int ok = dp->stream_synchronize(stream) == dp->success;
+            for (struct io_chunk *c = list; c; c = c->next)
+                if (!ok) {
+                    c->err = EIO;
+                    c->got = 0;
+                }
+            cb_read_copied_list(list);
+        }
+    }
+}
+
+/* Stream callback: a staged write's slot is filled; hand the chunk back to its worker. */
+void cb_write_filled(void *arg)
+{
+    struct io_chunk *ch = arg;
+    struct io_worker *w = ch->owner;
+    struct io_chunk *old = atomic_load(&w->inbox);
+    do {
+        ch->next = old;
+    } while (!atomic_compare_exchange_weak(&w->inbox, &old, ch));
+    worker_wake(w);
+}
+
+/* Queue the copy between the chunk's slot and its device memory on the worker's stream
+ * for that device (to the device: the bytes read; from it: the whole chunk). Returns the
+ * stream, or NULL on a vendor error. */
+static void *queue_dev_copy(struct io_worker *w, struct io_chunk *ch, int to_device)
+{
+    const struct phx_dp_table *dp = &w->ctx->dp;
+    void *stream = worker_stream(w, ch->req->device);
+    if (!stream || fence_order_copy(w, ch->req->device, stream, ch->req->fence) < 0)
+        return NULL;
+    char *slot = ch->slot + ch->slot_off;
+    int rc = to_device ? dp->memcpy_async(ch->user, slot, ch->got, dp->kind_h2d, stream)
+                       : dp->memcpy_async(slot, ch->user, ch->len, dp->kind_d2h, stream);
+    return rc == dp->success ? stream : NULL;
+}
+
+/* A staged write: queue the copy of the chunk from device memory into its slot, then `cb`.
+ * (Staged reads queue theirs with queue_dev_copy and share a callback: flush_copies.)
+ * Returns 0 when queued, 1 when it completed synchronously (launch_host_func refused:
+ * the copy was synchronized here), -EIO on a vendor error. */
+int dev_copy_to_slot(struct io_worker *w, struct io_chunk *ch, phx_host_fn cb)
+{
+    const struct phx_dp_table *dp = &w->ctx->dp;
+    void *stream = queue_dev_copy(w, ch, 0);
+    if (!stream)
+        return -EIO;
+    if (dp->launch_host_func(stream, cb, ch) != dp->success)
+        return dp->stream_synchronize(stream) == dp->success ? 1 : -EIO;
+    return 0;
+}
+
+/* Queue the device copy of a staged read whose file I/O is done; its completion callback
+ * is launched with the others of this round by flush_copies (before the worker sleeps). */
+void start_read_copy(struct io_worker *w, struct io_chunk *ch)
+{
+    phx_req *r = ch->req;
+    if (queue_dev_copy(w, ch, 1)) {
+        ch->next = w->copied[r->device];
+        w->copied[r->device] = ch;
+        w->copied_bytes[r->device] += ch->got;
+        if (w->copied_bytes[r->device] >= IO_FLUSH_BYTES)
+            flush_copies(w);
+        return; /* cb_read_copied_list frees the slot and finishes the chunk */
+    }
+    ch->err = EIO;
+    ch->got = 0;
+    slot_free(ch);
+    chunk_finish(ch);
+}
+
+void run_copies(struct io_worker *w)
+{
+    struct io_chunk *ch = w->copy_head;
+    w->copy_head = w->copy_tail = NULL;
+    while (ch) {
+        struct io_chunk *next = ch->next; /* start_read_copy relinks ch */
+        start_read_copy(w, ch);
+        ch = next;
+    }
+}
+
+/* ---- file-mapping hits (planned by io_fmap.c) --------------------------------------------- */
+
+/* Stream callback: every piece of a hit is on the device. Cuts the pieces' counts to
+ * what the file held and drops the window references (fmap_req_copied: no vendor call),
+ * and completes the request as one chunk: chunks[0] is rewritten to stand for the whole
+ * request (its count: the contiguous prefix before end of file). */
+static void cb_fmap_copied(void *arg)
+{
+    phx_req *r = arg;
+    uint64_t got = 0;
+    int short_seen = 0;
+    fmap_req_copied(r->ctx, r);
+    for (uint32_t i = 0; i < r->nchunks; i++) {
+        struct io_chunk *ch = &r->chunks[i];
+        if (!short_seen)
+            got += ch->got;
+        if (ch->got < ch->len)
+            short_seen = 1;
+    }
+    struct io_chunk *c0 = &r->chunks[0];
+    c0->foff = r->foff;
+    c0->len = r->size;
+    c0->got = c0->err ? 0 : got;
+    chunk_finish(c0);
+}
+
+/* A hit is one unit of work (only chunks[0] is queued): one memcpy_async per piece on
+ * this worker's stream, then one host callback for the whole request. One wakeup, one
+ * waiter, no bounce slot, no file I/O. */
+void fmap_req_start(struct io_worker *w, struct io_chunk *c0)
+{
+    phx_req *r = c0->req;
+    const struct phx_dp_table *dp = &w->ctx->dp;
+    w->owned--;
+    w->owned_bytes -= c0->len;
+    void *stream = worker_stream(w, r->device);
+    int err = stream && fence_order_copy(w, r->device, stream, r->fence) == 0 ? 0 : EIO;
+    for (uint32_t i = 0; i < r->nchunks && !err; i++) {
+        struct io_chunk *ch = &r->chunks[i];
+        if (!ch->win || !ch->got)
+            continue;
+        if (dp->memcpy_async(ch->user, ch->win->addr + (ch->foff - ch->win->off), ch->got, dp->kind_h2d, stream) !=
+            dp->success)
+            err = EIO;
+    }
+    if (!err && dp->launch_host_func(stream, cb_fmap_copied, r) == dp->success)
+        return;
+    if (stream && dp->stream_synchronize(stream) != dp->success)
+        err = EIO;
+    c0->err = err;
+    cb_fmap_copied(r);
+}

@@ -1,0 +1,59 @@
+/* The context (io_ctx.c): workers, the chunk queues, the bounce pool, the file-mapping
+ * cache and a copy of the vendor's data-path table.
+ *
+ * Core side. Created and destroyed on the control plane; every request and stream op
+ * holds a reference (ctx_get/put) that destroy waits for.
+ */
+#ifndef PHX_IO_CTX_H
+#define PHX_IO_CTX_H
+
+#include "io_common.h"
+#include "io_fmap.h"
+#include "io_pool.h"
+
+struct io_chunk;
+struct io_worker;
+struct phx_ctx {
+    struct phx_io_config cfg;
+    int engine;
+    char engine_why[200];
+    int has_dp;
+    struct phx_dp_table dp;
+    int has_events;           /* the data path has events: fences wait on the device */
+    pthread_mutex_t fence_mu; /* the free list */
+    struct phx_fence *fence_free;
+    uint64_t chunk, stage_chunk;
+    struct io_pool pool;
+    pthread_mutex_t qmu;
+    struct io_chunk *q_head, *q_tail;
+    int64_t qlen;             /* (qmu) chunks queued */
+    /* (qmu) chunks of stream ops' own requests: taken first, also by workers whose other
+     * chunks are parked for bounce slots. Stream ops hold their slots from submission
+     * on, and their callbacks block the caller's stream until these run: behind chunks
+     * that wait for those very slots they would deadlock. They never need a slot. */
+    struct io_chunk *iq_head, *iq_tail;
+    int nworkers;
+    struct io_worker *workers;
+    struct io_worker **idle;  /* (qmu) stack of idle workers */
+    int nidle;
+    _Atomic int stop;
+    pthread_mutex_t mu;       /* inflight / destroy */
+    pthread_cond_t cv;
+    int64_t inflight;         /* requests + stream ops */
+    struct io_fmap fmap;
+};
+
+#pragma GCC visibility push(hidden)
+/* Count a request or stream op in (-ESHUTDOWN once stopping) and out (wakes destroy). */
+int ctx_get(phx_ctx *ctx);
+void ctx_put(phx_ctx *ctx);
+/* io_worker.c: queue a list of n chunks (linked by ->next) and wake idle workers for
+ * them; `internal`: a stream op's own chunks (ctx->iq_head). */
+void queue_push(phx_ctx *ctx, struct io_chunk *head, struct io_chunk *tail, int n, int internal);
+/* io_worker.c: start the context's workers for `engine` (0, or -errno with every
+ * started worker stopped again and engine_why saying why), and stop the first n. */
+int workers_start(phx_ctx *ctx, int engine);
+void workers_stop(phx_ctx *ctx, int n);
+#pragma GCC visibility pop
+
+#endif

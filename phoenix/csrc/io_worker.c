@@ -1,0 +1,441 @@
+/* Workers: the context's chunk queues and the threads that drive the engines.
+ *
+ * Core side, data path. A request is cut at multiples of the chunk size (in file
+ * offsets) into chunks; chunks go to one FIFO per context; workers take them.
+ *
+ *   io_uring engine  each worker owns a ring and keeps up to queue_depth chunks in
+ *                    flight; it fills many SQEs and submits them with one
+ *                    io_uring_enter, which is also where it sleeps (an eventfd read
+ *                    sits in the ring, so other threads wake it by writing the fd).
+ *   threads engine   each worker runs pread/pwrite itself, one chunk at a time (plus
+ *                    one staged write whose device copy is running).
+ *
+ * What a worker does with a chunk is io_chunk.c (file I/O) and io_copy.c (device
+ * copies); here: taking chunks, sleeping, waking, starting and stopping.
+ */
+#include "io_pool.h"
+#include "io_worker.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#define EFD_TAG 1ull /* user_data of the eventfd read in a ring (never a valid io_sub *) */
+
+/* ---- workers: wakeups and the shared queue ------------------------------------------- */
+
+void worker_wake(struct io_worker *w)
+{
+    uint64_t one = 1;
+    ssize_t rc = write(w->efd, &one, sizeof(one));
+    (void)rc; /* EAGAIN only when the counter is saturated: already awake */
+}
+
+static void idle_remove_locked(phx_ctx *ctx, struct io_worker *w)
+{
+    if (!w->idle)
+        return;
+    for (int i = 0; i < ctx->nidle; i++) {
+        if (ctx->idle[i] == w) {
+            ctx->idle[i] = ctx->idle[--ctx->nidle];
+            break;
+        }
+    }
+    w->idle = 0;
+}
+
+void queue_push(phx_ctx *ctx, struct io_chunk *head, struct io_chunk *tail, int n, int internal)
+{
+    if (!head)
+        return;
+    pthread_mutex_lock(&ctx->qmu);
+    struct io_chunk **qh = internal ? &ctx->iq_head : &ctx->q_head, **qt = internal ? &ctx->iq_tail : &ctx->q_tail;
+    if (*qt)
+        (*qt)->next = head;
+    else
+        *qh = head;
+    *qt = tail;
+    if (!internal)
+        ctx->qlen += n;
+    if (internal && ctx->nidle == 0) {
+        /* no idle worker: wake them all, a worker whose chunks are parked takes these */
+        for (int i = 0; i < ctx->nworkers; i++)
+            worker_wake(&ctx->workers[i]);
+    }
+    for (; n > 0 && ctx->nidle > 0; n--) {
+        struct io_worker *w = ctx->idle[--ctx->nidle];
+        w->idle = 0;
+        worker_wake(w);
+    }
+    pthread_mutex_unlock(&ctx->qmu);
+}
+
+/* A worker may start another internal chunk: fewer than its capacity are in their I/O
+ * (parked chunks hold no ring entry and no slot). */
+static int internal_room(const struct io_worker *w)
+{
+    return w->owned - w->nparked < w->cap;
+}
+
+/* Take one chunk of the internal queue, if any. */
+static struct io_chunk *internal_take(struct io_worker *w)
+{
+    phx_ctx *ctx = w->ctx;
+    if (!__atomic_load_n(&ctx->iq_head, __ATOMIC_RELAXED))
+        return NULL;
+    pthread_mutex_lock(&ctx->qmu);
+    struct io_chunk *ch = ctx->iq_head;
+    if (ch) {
+        ctx->iq_head = ch->next;
+        if (!ctx->iq_head)
+            ctx->iq_tail = NULL;
+        ch->next = NULL;
+        idle_remove_locked(ctx, w);
+    }
+    pthread_mutex_unlock(&ctx->qmu);
+    return ch;
+}
+
+/* Take up to n chunks; the worker is no longer idle if it takes any. */
+static struct io_chunk *queue_take(struct io_worker *w, int n)
+{
+    phx_ctx *ctx = w->ctx;
+    if (n <= 0)
+        return NULL;
+    pthread_mutex_lock(&ctx->qmu);
+    /* a fair share, so that the other workers (woken by queue_push) get some: with
+     * buffered I/O of cached data the copy runs in the submitting thread */
+    int64_t share = (ctx->qlen + ctx->nworkers - 1) / ctx->nworkers;
+    if (share < n)
+        n = share < 1 ? 1 : (int)share;
+    struct io_chunk *head = ctx->q_head, *last = NULL, *c = head;
+    int taken = 0;
+    uint64_t bytes = w->owned_bytes;
+    for (; taken < n && c; taken++) {
+        if (bytes && bytes + c->len > w->bytes_cap)
+            break; /* enough bytes in flight: leave the rest to the other workers */
+        bytes += c->len;
+        last = c;
+        c = c->next;
+    }
+    if (last) {
+        ctx->qlen -= taken;
+        ctx->q_head = c;
+        if (!c)
+            ctx->q_tail = NULL;
+        last->next = NULL;
+        idle_remove_locked(ctx, w);
+    } else {
+        head = NULL;
+    }
+    pthread_mutex_unlock(&ctx->qmu);
+    return head;
+}
+
+/* Before sleeping: register as wanting work if this worker can take some. Returns 0
+ * when there is queued work it can take right now (do not sleep). */
+static int idle_register(struct io_worker *w)
+{
+    phx_ctx *ctx = w->ctx;
+    int can_take = w->owned < w->cap && w->owned_bytes < w->bytes_cap && !w->parked_head;
+    pthread_mutex_lock(&ctx->qmu);
+    if ((can_take && ctx->q_head) || (ctx->iq_head && internal_room(w))) {
+        pthread_mutex_unlock(&ctx->qmu);
+        return 0;
+    }
+    if (can_take && !w->idle) {
+        w->idle = 1;
+        ctx->idle[ctx->nidle++] = w;
+    }
+    pthread_mutex_unlock(&ctx->qmu);
+    return 1;
+}
+
+/* ---- the worker's loop ------------------------------------------------------------------ */
+
+static int retry_parked(struct io_worker *w)
+{
+    int n = 0;
+    if (atomic_load_explicit(&w->pool_wait, memory_order_relaxed))
+        return 0; /* not woken yet */
+    while (w->parked_head) {
+        struct io_chunk *ch = w->parked_head;
+        ch->slot = pool_alloc(&w->ctx->pool, ch->slot_bytes, slot_cap(w, ch), w);
+        if (!ch->slot)
+            break;
+        w->parked_head = ch->next;
+        if (!w->parked_head)
+            w->parked_tail = NULL;
+        w->nparked--;
+        chunk_start(w, ch);
+        n++;
+    }
+    return n;
+}
+
+static int drain_inbox(struct io_worker *w)
+{
+    struct io_chunk *list = atomic_exchange(&w->inbox, NULL), *fifo = NULL;
+    if (!list)
+        return 0;
+    while (list) { /* the inbox is a stack: reverse it */
+        struct io_chunk *next = list->next;
+        list->next = fifo;
+        fifo = list;
+        list = next;
+    }
+    int n = 0;
+    while (fifo) {
+        struct io_chunk *ch = fifo;
+        fifo = ch->next;
+        chunk_issue_subs(w, ch);
+        n++;
+    }
+    return n;
+}
+
+static int admit(struct io_worker *w, int n)
+{
+    int k = 0;
+    struct io_chunk *ch;
+    while (internal_room(w) && (ch = internal_take(w))) {
+        w->owned++;
+        w->owned_bytes += ch->len;
+        chunk_start(w, ch);
+        k++;
+    }
+    if (w->parked_head || atomic_load(&w->ctx->stop))
+        return k;
+    if (n > w->cap - w->owned)
+        n = w->cap - w->owned;
+    ch = queue_take(w, n);
+    while (ch) {
+        struct io_chunk *next = ch->next;
+        w->owned++;
+        w->owned_bytes += ch->len;
+        chunk_start(w, ch);
+        ch = next;
+        k++;
+    }
+    return k;
+}
+
+static int run_sync(struct io_worker *w)
+{
+    int n = 0;
+    while (w->sync_head) {
+        struct io_sub *s = w->sync_head;
+        w->sync_head = s->next;
+        if (!w->sync_head)
+            w->sync_tail = NULL;
+        sub_run_sync(w, s);
+        n++;
+    }
+    return n;
+}
+
+static void efd_arm(struct io_worker *w)
+{
+    if (w->efd_armed)
+        return;
+    struct io_uring_sqe *sqe = ring_get_sqe(&w->ring);
+    if (!sqe) {
+        ring_enter(&w->ring, 0);
+        sqe = ring_get_sqe(&w->ring);
+        if (!sqe)
+            return;
+    }
+    sqe->opcode = IORING_OP_READ;
+    sqe->fd = w->efd;
+    sqe->addr = (uint64_t)(uintptr_t)&w->efd_val;
+    sqe->len = sizeof(w->efd_val);
+    sqe->off = (uint64_t)-1; /* current position: eventfds have none */
+    sqe->user_data = EFD_TAG;
+    w->efd_armed = 1;
+}
+
+static void reap(struct io_worker *w)
+{
+    struct io_uring_cqe *cqe;
+    w->in_reap = 1;
+    while ((cqe = ring_peek_cqe(&w->ring))) {
+        uint64_t ud = cqe->user_data;
+        int res = cqe->res;
+        ring_cqe_seen(&w->ring);
+        if (ud == EFD_TAG) {
+            w->efd_armed = 0;
+            continue;
+        }
+        w->ring_inflight--;
+        sub_done(w, (struct io_sub *)(uintptr_t)ud, res);
+    }
+    w->in_reap = 0;
+}
+
+static void worker_loop_ring(struct io_worker *w)
+{
+    phx_ctx *ctx = w->ctx;
+    for (;;) {
+        int progress = drain_inbox(w);
+        progress += retry_parked(w);
+        if (w->owned_bytes < w->bytes_cap || ctx->iq_head)
+            progress += admit(w, w->cap - w->owned);
+        if (w->copy_head) {
+            /* the new reads go to the kernel first, then the last round's device copies */
+            if (ring_unsubmitted(&w->ring))
+                ring_enter(&w->ring, 0);
+            run_copies(w);
+        }
+        flush_copies(w);
+        if (atomic_load(&ctx->stop) && w->owned == 0 && !w->ring_inflight)
+            break;
+        unsigned wait = 0;
+        if (!atomic_load(&w->inbox) && idle_register(w))
+            wait = 1;
+        efd_arm(w);
+        int rc = ring_enter(&w->ring, wait);
+        if (rc == -EBUSY || rc == -EAGAIN) /* completions must be reaped first */
+            wait = 0;
+        reap(w);
+        (void)progress;
+    }
+}
+
+static void worker_loop_threads(struct io_worker *w)
+{
+    phx_ctx *ctx = w->ctx;
+    for (;;) {
+        int progress = drain_inbox(w);
+        progress += retry_parked(w);
+        progress += run_sync(w);
+        /* one chunk at a time, so that idle workers take the next ones */
+        if ((w->owned < w->cap || ctx->iq_head) && admit(w, 1)) {
+            run_sync(w);
+            progress++;
+        }
+        flush_copies(w);
+        if (progress)
+            continue;
+        if (atomic_load(&ctx->stop) && w->owned == 0)
+            break;
+        if (!atomic_load(&w->inbox) && idle_register(w)) {
+            uint64_t v;
+            ssize_t n = read(w->efd, &v, sizeof(v));
+            (void)n;
+        }
+    }
+}
+
+/* ---- starting and stopping ---------------------------------------------------------------- */
+
+static void worker_close_streams(struct io_worker *w)
+{
+    const struct phx_dp_table *dp = &w->ctx->dp;
+    for (int d = 0; d < IO_MAX_DEVICES; d++) {
+        if (!w->streams[d])
+            continue;
+        dp->set_device(d);
+        dp->stream_synchronize(w->streams[d]);
+        dp->stream_destroy(w->streams[d]);
+        w->streams[d] = NULL;
+        STAT_ADD(worker_streams, -1);
+    }
+}
+
+struct start_sync {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int started, failed, err;
+    char why[200];
+};
+
+static void *worker_main(void *arg)
+{
+    struct io_worker *w = arg;
+    phx_ctx *ctx = w->ctx;
+    struct start_sync *ss = w->start;
+    int rc = 0;
+    char why[200] = "";
+    pthread_setname_np(pthread_self(), "phx-io"); /* as top, perf and /proc/.../task show it */
+    if (w->use_ring) {
+        unsigned want = 3u * (unsigned)w->cap + 2, entries = 8;
+        while (entries < want)
+            entries <<= 1;
+        /* the ring is created by the thread that alone uses it (SINGLE_ISSUER) */
+        rc = ring_init(&w->ring, entries, why, sizeof(why));
+    }
+    pthread_mutex_lock(&ss->mu);
+    ss->started++;
+    if (rc < 0) {
+        ss->failed++;
+        ss->err = rc;
+        memcpy(ss->why, why, sizeof(why));
+    }
+    pthread_cond_broadcast(&ss->cv);
+    pthread_mutex_unlock(&ss->mu);
+    if (rc < 0)
+        return NULL;
+    STAT_ADD(threads, 1);
+    if (w->use_ring)
+        worker_loop_ring(w);
+    else
+        worker_loop_threads(w);
+    if (ctx->has_dp)
+        worker_close_streams(w);
+    if (w->use_ring)
+        ring_exit(&w->ring);
+    STAT_ADD(threads, -1);
+    return NULL;
+}
+
+void workers_stop(phx_ctx *ctx, int n)
+{
+    atomic_store(&ctx->stop, 1);
+    for (int i = 0; i < n; i++)
+        worker_wake(&ctx->workers[i]);
+    for (int i = 0; i < n; i++)
+        pthread_join(ctx->workers[i].th, NULL);
+    for (int i = 0; i < ctx->nworkers; i++)
+        if (ctx->workers[i].efd >= 0)
+            close(ctx->workers[i].efd);
+}
+
+int workers_start(phx_ctx *ctx, int engine)
+{
+    const struct phx_io_config *cfg = &ctx->cfg;
+    for (int i = 0; i < ctx->nworkers; i++)
+        ctx->workers[i].efd = -1;
+    struct start_sync ss = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    int started = 0, rc = 0;
+    for (int i = 0; i < ctx->nworkers; i++) {
+        struct io_worker *w = &ctx->workers[i];
+        w->ctx = ctx;
+        w->idx = i;
+        w->cur_dev = -1;
+        w->use_ring = engine == PHX_ENGINE_IO_URING;
+        w->cap = w->use_ring ? (int)cfg->queue_depth : 2;
+        w->bytes_cap = w->use_ring ? IO_WORKER_BYTES : UINT64_MAX;
+        w->efd = eventfd(0, EFD_CLOEXEC);
+        if (w->efd < 0) {
+            rc = -errno;
+            break;
+        }
+        w->start = &ss;
+        if ((rc = -pthread_create(&w->th, NULL, worker_main, w)) < 0)
+            break;
+        started++;
+    }
+    pthread_mutex_lock(&ss.mu);
+    while (ss.started < started)
+        pthread_cond_wait(&ss.cv, &ss.mu);
+    pthread_mutex_unlock(&ss.mu);
+    if (!rc && ss.failed) {
+        rc = ss.err;
+        snprintf(ctx->engine_why, sizeof(ctx->engine_why), "%s", ss.why);
+    }
+    if (rc < 0)
+        workers_stop(ctx, started);
+    return rc;
+}
