@@ -159,9 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     p_info.add_argument("--json", action="store_true", help="print the information as JSON")
     p_info.set_defaults(func=cmd_info)
     try:
-        from phoenix import bench
+        from phoenix.bench import cli as bench_cli
 
-        bench.add_parser(sub)
+        bench_cli.add_parser(sub)
     except ImportError:
         pass
     args = parser.parse_args(argv)

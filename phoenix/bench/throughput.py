@@ -27,7 +27,10 @@ import statistics
 import sys
 import time
 
-from .vendor import CopyKind, parse_size
+from phoenix.vendor import CopyKind, parse_size
+
+from .files import drop_cache, prepare_file, warm_cache
+from .raw import naive_transfer, raw_transfer
 
 GB = 1e9
 
@@ -59,104 +62,17 @@ class Progress:
             sys.stderr.write("\r\033[K")
 
 
-def drop_cache(path: str) -> str:
-    """Evict the file from the page cache; returns how (for the record).
-
-    phoenix's own page-cache registrations go first: a registered mapping pins its pages,
-    so neither fadvise nor drop_caches could evict them, and a "cold" read would be served
-    from memory (found on the H200: a cold phxloader repetition at 0.08 s)."""
-    pio = sys.modules.get("phoenix.io")
-    if pio is not None:
-        pio.fmap_wait(10)  # registrations under way finish (or they would pin pages after the drop)
-        pio.fmap_clear()
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-        how = "fadvise"
-    except OSError as exc:
-        return f"not dropped ({exc})"
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as fh:
-            fh.write("1\n")
-        how += "+drop_caches"
-    except OSError:
-        pass
-    return how
-
-
-def warm_cache(path: str, size: int) -> None:
-    """Read the file once, buffered, so it sits in the page cache."""
-    with open(path, "rb", buffering=0) as fh:
-        buf = bytearray(64 << 20)
-        mv = memoryview(buf)
-        left = size
-        while left > 0:
-            n = fh.readinto(mv[: min(len(buf), left)])
-            if not n:
-                break
-            left -= n
-
-
-def prepare_file(path: str, size: int, progress: Progress | None = None) -> None:
-    """Create ``path`` with ``size`` bytes of random data unless it already has that size."""
-    if os.path.exists(path) and os.path.getsize(path) >= size:
-        return
-    import numpy as np
-
-    # one random block, stamped per copy so that no two blocks are equal: random enough
-    # for a disk (no compression or dedup in the path) and written at disk speed
-    block = np.random.default_rng(1234).integers(0, 256, 64 << 20, dtype=np.uint8)
-    with open(path, "wb") as fh:
-        left, i = size, 0
-        while left > 0:
-            n = min(len(block), left)
-            block[:8] = np.frombuffer(i.to_bytes(8, "little"), np.uint8)
-            fh.write(block[:n].tobytes())
-            left, i = left - n, i + 1
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def raw_transfer(path: str, write: bool, random: bool, size: int, chunk: int, threads: int, nops: int = 0,
-                 odirect: bool = True) -> int:
-    """The raw reference (phoenix/csrc/bench_raw.c): pread/pwrite of ``path`` into host
-    memory from ``threads`` C threads, one ``chunk`` each in flight, sequential or ``nops``
-    random ones; bytes moved, OSError on failure."""
-    from ._core import core
-
-    lib = core()
-    lib.phxbench_raw.restype = ctypes.c_int64
-    lib.phxbench_raw.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_size_t,
-                                 ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
-    err = ctypes.create_string_buffer(256)
-    r = lib.phxbench_raw(os.fsencode(path), int(write), int(random), size, chunk, threads, nops, int(odirect), err, 256)
-    if r < 0:
-        raise OSError(-r, f"raw {'write' if write else 'read'} of {path}: {err.value.decode()}")
-    return r
-
-
 class Bench:
     def __init__(self, args):
         import phoenix
         import phoenix.io as pio
         from phoenix import registry
 
-        from ._core import core
-
         self.args = args
         self.phoenix = phoenix
         self.pio = pio
         self.rt = registry.get_runtime()
         self.vendor = self.rt.name
-        self.lib = core()
-        self.lib.phxbench_naive.restype = ctypes.c_int64
-        self.lib.phxbench_naive.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int,
-                                            ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint64, ctypes.c_int,
-                                            ctypes.c_char_p, ctypes.c_size_t]
         self.records: list[dict] = []
         self.device = args.device
         self.dev = self.rt.device_alloc(args.size, args.device)
@@ -238,12 +154,7 @@ class Bench:
         return raw_transfer(self.args.file, op_write, random, size, chunk, threads, nops, odirect)
 
     def _naive(self, random, size, chunk, threads, nops=0, odirect=True):
-        err = ctypes.create_string_buffer(256)
-        r = self.lib.phxbench_naive(ctypes.addressof(self.dp), self.device, self.dev, self.args.file.encode(), int(random),
-                                    size, chunk, threads, nops, int(odirect), err, 256)
-        if r < 0:
-            raise OSError(-r, f"naive read: {err.value.decode()}")
-        return r
+        return naive_transfer(self.dp, self.device, self.dev, self.args.file, random, size, chunk, threads, nops, odirect)
 
     def _phoenix_read(self, size, threads, chunk):
         with self.phoenix.settings.override(threads=threads, chunk_size=chunk):
@@ -533,7 +444,8 @@ def plot(records: list[dict], path: str) -> str:
     return f"plot written to {path}"
 
 
-def add_parser(sub) -> None:
+def add_parser(sub):
+    """``phx bench``'s own parser (the throughput bench); phoenix.bench.cli hangs the others below it."""
     p = sub.add_parser(
         "bench",
         help="file <-> device throughput beside raw O_DIRECT, the naive loop and KvikIO",
@@ -562,11 +474,8 @@ def add_parser(sub) -> None:
     p.add_argument("--plot", metavar="FILE", help="write a PNG: a panel per operation and cache state, bars with "
                    "the ratio to the raw reference and CPU s/GB (lines where several concurrencies ran)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
-    p.set_defaults(func=lambda a: main(a))
-    # optional sub-benchmarks: `phx bench ...` alone is the throughput bench above
-    from . import kvtrace
-
-    kvtrace.add_parser(p.add_subparsers(dest="bench_cmd", metavar="{kv-trace}"))
+    p.set_defaults(func=main)
+    return p
 
 
 def main(args) -> int:

@@ -1,8 +1,9 @@
 /* Reference transfers for `phx bench`: the storage limit and the naive loop, in C.
  *
- * Benchmark side, not the data path. These are the peers every phoenix figure is
- * divided by, so they must be as good as a careful user would write them, and free
- * of Python overhead:
+ * Benchmark side, not the data path: built by setup.py as libphxbench.so, a plain shared
+ * library of the bench subpackage (phoenix/bench/raw.py loads it with ctypes), never into
+ * the core. These are the peers every phoenix figure is divided by, so they must be as
+ * good as a careful user would write them, and free of Python overhead:
  *
  *   phxbench_raw      raw O_DIRECT pread/pwrite into host memory, `threads` threads
  *                     each with one request in flight, chunks handed out by an atomic
@@ -13,7 +14,8 @@
  *                     synchronous copy to the device through the vendor's memcpy_async
  *                     + stream_synchronize, one chunk at a time per thread.
  *
- * Both report bytes moved and fill an error string on failure.
+ * Each reports bytes moved and fills an error string on failure. The naive loop copies
+ * through the vendor's data-path table (phx_vendor.h), so the library links nothing else.
  */
 #define _GNU_SOURCE
 #include <errno.h>
