@@ -16,7 +16,7 @@ def _args(tmp_path, *extra):
     kvtrace.add_parser(parser.add_subparsers())
     args = parser.parse_args(["kv-trace", "--dry-run", "--slab", str(tmp_path / "kv.slab"), *extra])
     kvtrace.apply_dry_run(args)
-    args.duration = 0.8
+    args.duration = 2.0  # long enough that the tiers evict and load even on a busy CI machine
     return args
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -102,7 +103,7 @@ def bench(path, device="cuda", reps: int = 3, *, chunk: int = DEFAULT_CHUNK, dep
             runs[name].append(time.perf_counter() - t0)
             if fn is phx:
                 stats_of.setdefault(name, []).append(dict(last_stats))
-    res: dict = {"file": path, "size": size, "device": str(device), "reps": reps, "chunk": chunk, "depth": depth,
+    res: dict = {"argv": sys.argv, "file": path, "size": size, "device": str(device), "reps": reps, "chunk": chunk, "depth": depth,
                  "raw_threads": threads, "cache_drop": drop_cache(path)}
     for name in runs:
         med = statistics.median(runs[name])

@@ -4,8 +4,8 @@ Benchmark side (control plane). Every phoenix figure is printed beside figures
 measured in the same run, at the same concurrency, on the same file:
 
 * ``raw_odirect``: raw O_DIRECT pread/pwrite of the file into host memory, in C (the
-  storage limit); buffered (``raw_buffered``) for warm figures.
-* ``naive``: pread a chunk into pinned host memory, synchronous copy to the device.
+  storage limit, ``raw.py``); buffered (``raw_buffered``) for warm figures.
+* ``naive``: pread a chunk into pinned host memory, synchronous copy to the device (C too).
 * ``kvikio``: KvikIO (compat mode) where it is importable and the vendor is nvidia.
 * ``h2d_pinned``: pinned host -> device copy (the bus limit; meaningful on GPUs).
 
@@ -336,7 +336,7 @@ def run(args) -> list[dict]:
         progress.done()
         b.close()
     meta = {"host": socket.gethostname(), "platform": platform.platform(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "file": args.file, "kvikio": kv_why}
+            "file": args.file, "kvikio": kv_why, "argv": sys.argv}  # argv: the command that made the record
     for r in b.records:
         r.setdefault("meta", meta)
     return b.records

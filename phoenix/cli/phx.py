@@ -1,9 +1,10 @@
-"""``phx``: the operator's command (info, bench, env).
+"""``phx``: the operator's command (info, bench).
 
-Control plane. ``phx info`` answers "what will phoenix do here, and why": version,
-the selected vendor and the reason, every vendor's availability, devices, the I/O
+Operator side, control plane. ``phx info`` answers "what will phoenix do here, and why":
+version, the selected vendor and the reason, every vendor's availability, devices, the I/O
 engines and paths possible here, and known environment problems (another package
-installing an import package named ``phoenix``).
+installing an import package named ``phoenix``). ``phx bench`` and its subcommands come
+from phoenix.bench.cli (the CLI is the benchmarks' only importer).
 """
 
 from __future__ import annotations

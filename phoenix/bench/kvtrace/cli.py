@@ -181,7 +181,7 @@ def main_gen(args) -> int:
 def _meta(args, rp, stats) -> dict:
     return {
         "host": socket.gethostname(), "platform": platform.platform(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "label": args.label, "compute": rp.backend.name, "compute_label": rp.backend.label, "verify": args.verify,
+        "argv": sys.argv, "label": args.label, "compute": rp.backend.name, "compute_label": rp.backend.label, "verify": args.verify,
         "verify_where": rp.backend.verify_where if args.verify else "off", "hbm_alloc": rp.cache.hbm_alloc,
         "geometry": asdict(rp.geo), "bytes_per_token": rp.geo.bytes_per_token, "block_tokens": args.block_tokens,
         "block_bytes": rp.bb, "hbm_bytes": rp.cache.hbm.nslots * rp.bb, "dram_bytes": rp.cache.dram.nslots * rp.bb,
