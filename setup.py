@@ -21,13 +21,18 @@ from setuptools.command.build_ext import build_ext
 # whose file name is exactly phoenix/lib/libphxfile.so (no ABI tag), with a soname and a
 # version script that exports the ten phxFile* symbols and nothing else.
 PHXFILE = "phoenix.lib.libphxfile"
+# libphxbench.so (phoenix/bench/bench_raw.c): the raw O_DIRECT and naive-staging references of
+# `phx bench`, a plain shared library of the bench subpackage (loaded with ctypes by
+# phoenix/bench/raw.py), so that the core carries no benchmark symbol. Exact name, no PyInit_.
+PHXBENCH = "phoenix.bench.libphxbench"
+PLAIN_LIBS = (PHXFILE, PHXBENCH)
 
 
 class BuildExt(build_ext):
     def get_ext_filename(self, fullname):
         parts = fullname.split(".")
-        if parts[-1] == PHXFILE.rsplit(".", 1)[-1]:  # asked with the full name and with the last part
-            return os.path.join(*parts[:-1], "libphxfile.so")
+        if parts[-1] in [lib.rsplit(".", 1)[-1] for lib in PLAIN_LIBS]:  # asked with the full name and the last part
+            return os.path.join(*parts[:-1], parts[-1] + ".so")
         return super().get_ext_filename(fullname)
 
     def copy_extensions_to_source(self):  # editable / in-place: phoenix/lib may not exist yet
@@ -35,8 +40,8 @@ class BuildExt(build_ext):
         super().copy_extensions_to_source()
 
     def get_export_symbols(self, ext):
-        if ext.name == PHXFILE:
-            return []  # no PyInit_: the version script says what is exported
+        if ext.name in PLAIN_LIBS:
+            return []  # no PyInit_: a plain library (libphxfile's version script says what is exported)
         return super().get_export_symbols(ext)
 
 
@@ -58,6 +63,7 @@ setup(
     package_dir=package_dir,
     package_data={
         "phoenix": ["csrc/*.h", "csrc/*.c", "csrc/phxfile/*.c", "csrc/phxfile/*.h", "csrc/phxfile/*.map"],
+        "phoenix.bench": ["*.c"],
         "phoenix.vendors": ["*.md"],
         **{f"phoenix.vendors.{d}": ["*.c", "*.h", "*.md", "Kbuild", "Makefile"] for d in _subdirs("vendors")},
         "phoenix.templates": ["*.j2", "*.md"],
@@ -71,6 +77,14 @@ setup(
             include_dirs=["phoenix/csrc"],
             extra_compile_args=["-O2", "-std=gnu11", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             extra_link_args=["-pthread"],
+        ),
+        Extension(
+            PHXBENCH,
+            sources=["phoenix/bench/bench_raw.c"],
+            include_dirs=["phoenix/csrc"],  # phx_vendor.h: the data-path table the naive loop copies through
+            depends=["phoenix/csrc/phx_vendor.h"],
+            extra_compile_args=["-O2", "-std=gnu11", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            extra_link_args=["-pthread", "-Wl,-soname,libphxbench.so"],
         ),
         Extension(
             PHXFILE,

@@ -79,7 +79,7 @@ if has loader; then
     for C in ${PHX_LOADER_CHUNKS:-default}; do
         [ "$C" = default ] && unset PHX_CHUNK_SIZE || export PHX_CHUNK_SIZE=$C
         echo "phxloader, PHX_CHUNK_SIZE=${PHX_CHUNK_SIZE:-default}"
-        timeout ${PHX_LOADER_TIMEOUT:-90} python3 -P -m phoenix.phxloader bench /root/phx-model.safetensors --device cuda \
+        timeout ${PHX_LOADER_TIMEOUT:-90} phx bench loader /root/phx-model.safetensors --device cuda \
             --make ${PHX_LOADER_SIZE:-4G} --reps ${PHX_LOADER_REPS:-2} --json "$OUT/loader-$C.json" 2>&1 | tail -15
     done
     unset PHX_CHUNK_SIZE

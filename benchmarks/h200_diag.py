@@ -1,4 +1,4 @@
-"""Separating the two H200 misses of issue 4 (run 4): where random reads and the first warm
+"""Diagnostics on the H200 (issue 4's two misses): where random reads and the first warm
 read lose their time. Run on the GPU machine with phoenix installed (benchmarks/h200.sh
 setup), PHX_VENDOR=nvidia:
 
@@ -34,8 +34,10 @@ import numpy as np
 
 import phoenix.io as pio
 import phoenix.settings as ps
-from phoenix import bench as pb
+from phoenix.bench import files as pbf
+from phoenix.bench import raw as praw
 from phoenix.registry import get_runtime
+from phoenix.vendor import parse_size
 
 GB = 1e9
 
@@ -55,7 +57,7 @@ def stats_delta(before: dict) -> dict:
 class SlotSampler:
     """Samples the bounce pool's bytes in use every millisecond while a run is timed: the
     slots a staged random read holds (in flight plus awaiting their device copy) are the
-    working set its O_DIRECT reads land in (run 13: that working set costs the disk path)."""
+    working set its O_DIRECT reads land in (on the H200 VM where they land costs the disk path)."""
 
     def __init__(self):
         import threading
@@ -101,10 +103,10 @@ def rand(a) -> list[dict]:
     """Which part of a staged random read costs IOPS against the raw reference: the same
     engine into host memory of 2 MiB pages (no device copies; the raw reference's buffers
     are such pages), into 4 KiB pages, into device memory; the same offsets every
-    repetition (as phx bench did up to run 10) or fresh ones (as the raw reference)."""
+    repetition (as an earlier phx bench did) or fresh ones (as the raw reference and phx bench now)."""
     rt = get_runtime()
-    size = pb.parse_size(a.size)
-    pb.prepare_file(a.file, size)
+    size = parse_size(a.size)
+    pbf.prepare_file(a.file, size)
     bs, qd, nops = 64 << 10, 64, a.nops
     span = 4096 * bs  # 256 MiB of destination, reused round robin
     dev = rt.device_alloc(span)
@@ -126,26 +128,14 @@ def rand(a) -> list[dict]:
     out = []
 
     def raw():
-        return pb.raw_transfer(a.file, False, True, size, bs, qd, nops)
+        return praw.raw_transfer(a.file, False, True, size, bs, qd, nops)
 
     def raw_shared(span_bytes):
         """The raw reference with every read landing round robin in the first span_bytes
         of the 2 MiB-page host buffer (as read_many's destinations do) instead of each
         thread's own reused 64 KiB."""
-        import ctypes
-
-        from phoenix._core import core
-        fn = core().phxbench_raw_shared
-        fn.restype = ctypes.c_int64
-        fn.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint64,
-                       ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
-
         def go():
-            err = ctypes.create_string_buffer(256)
-            r = fn(os.fsencode(a.file), size, bs, qd, nops, huge_buf[0], span_bytes, err, 256)
-            if r < 0:
-                raise OSError(-r, err.value.decode())
-            return r
+            return praw.raw_shared_transfer(a.file, size, bs, qd, nops, huge_buf[0], span_bytes)
         return go
 
     def many(buf, workers, engine="auto", fresh=False):
@@ -171,7 +161,7 @@ def rand(a) -> list[dict]:
                 ("dev_8x8_fresh", many((dev, span), 8, fresh=True)),
                 ("host2M_8x8_fresh", many(huge_buf, 8, fresh=True)),
                 ("host2M_64thr_fresh", many(huge_buf, 64, "threads", fresh=True))]
-    if a.all:  # run 11's other variants
+    if a.all:  # the variants that explained no loss: fixed offsets, 16 x 4, 4 KiB pages, 64 threads
         variants += [("dev_8x8_fixed", many((dev, span), 8)), ("dev_16x4_fresh", many((dev, span), 16, fresh=True)),
                      ("host4K_8x8_fresh", many(host_buf, 8, fresh=True)),
                      ("dev_64thr_fresh", many((dev, span), 64, "threads", fresh=True))]
@@ -180,7 +170,7 @@ def rand(a) -> list[dict]:
         for name, fn in variants[k:] + variants[:k]:
             if hasattr(fn, "start"):
                 fn.start()
-            pb.drop_cache(a.file)
+            pbf.drop_cache(a.file)
             t0 = thread_cpu()
             with SlotSampler() as slots:
                 n, secs, cpu, st = timed(fn)
@@ -209,9 +199,9 @@ def cached_file(a):
     """The runtime, the file's size (made and read into the page cache) and a device
     buffer of that size."""
     rt = get_runtime()
-    size = pb.parse_size(a.size)
-    pb.prepare_file(a.file, size)
-    pb.warm_cache(a.file, size)
+    size = parse_size(a.size)
+    pbf.prepare_file(a.file, size)
+    pbf.warm_cache(a.file, size)
     return rt, size, rt.device_alloc(size)
 
 
@@ -318,7 +308,7 @@ def warmcfg(a) -> list[dict]:
                 measure(name, read)
             pio.fmap_clear()
 
-    peers = [("raw_buffered_16x16M", lambda: pb.raw_transfer(a.file, False, False, size, 16 * M, 16, 0, False))]
+    peers = [("raw_buffered_16x16M", lambda: praw.raw_transfer(a.file, False, False, size, 16 * M, 16, 0, False))]
     try:
         k = kvik(16, 16 * M)
         k()  # warm-up: its thread pool and bounce buffers
@@ -343,7 +333,7 @@ def warmcfg(a) -> list[dict]:
 
     # KvikIO after the same unregistration: does what ph_first follows slow every reader of
     # that page cache? (No phoenix staged variant here: registering needs fmap auto, another
-    # setting, hence another context whose start would be timed; run 12 made that mistake.)
+    # setting, hence another context whose start would be timed, not the staged path.)
     for name, fn in peers[1:]:
         measure(name + "_after_clear", fn, before=register_then_clear)
     for name, fn in peers:
@@ -359,7 +349,7 @@ def main() -> int:
     p.add_argument("--size", default="8G")
     p.add_argument("--nops", type=int, default=60000)
     p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--all", action="store_true", help="rand: also run 11's other variants (fixed offsets, 16 x 4, "
+    p.add_argument("--all", action="store_true", help="rand: also the other variants (fixed offsets, 16 x 4, "
                    "4 KiB host pages, 64 threads into device memory)")
     p.add_argument("--json")
     a = p.parse_args()

@@ -26,7 +26,7 @@ export PYTHONUNBUFFERED=1 PHX_VENDOR=${PHX_VENDOR:-nvidia}
 export PHX_FMAP_MODE=${PHX_FMAP_MODE:-off}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 PY=${PYTHON:-python3}
-$PY -c 'import phoenix, phoenix.kvtrace; print("phoenix from", phoenix.__file__)' || { echo "phoenix is not importable: set PYTHONPATH"; exit 2; }
+$PY -c 'import phoenix, phoenix.bench.kvtrace; print("phoenix from", phoenix.__file__)' || { echo "phoenix is not importable: set PYTHONPATH"; exit 2; }
 
 CONC=${PHX_KV_CONC:-1,4,8,16}
 DUR=${PHX_KV_DURATION:-5}

@@ -45,7 +45,7 @@ def test_plot_panels(tmp_path):
     """One panel per operation and cache state: bars at one concurrency, lines at several;
     records without a raw reference or with missing IOPS still plot."""
     pytest.importorskip("matplotlib")
-    from phoenix.bench import plot
+    from phoenix.bench.throughput import plot
 
     def rec(op, impl, threads, gbps, **kw):
         return dict(op=op, impl=impl, threads=threads, gbps=gbps, cpu_s_per_gb=0.1, vendor="host", test_double=True,
@@ -66,7 +66,7 @@ def test_interleaved_rotates_the_order():
     disk drifting one way favours none; every figure stays with its implementation."""
     import types
 
-    from phoenix.bench import Bench, Progress
+    from phoenix.bench.throughput import Bench, Progress
 
     calls = []
 
@@ -83,3 +83,73 @@ def test_interleaved_rotates_the_order():
     assert [c for c in calls if c != "drop"] == list("abc" "bca" "cab" "abc")
     assert calls.count("drop") == 12  # the cache is dropped before every timed run
     assert {k: (v[0], len(v[3])) for k, v in got.items()} == {"a": (1, 4), "b": (2, 4), "c": (3, 4)}
+
+
+def test_the_references_live_outside_the_core():
+    """The raw and naive references are a library of the bench (libphxbench.so), not
+    symbols of the production core."""
+    from phoenix._core import core
+    from phoenix.bench import raw
+
+    for name in ("phxbench_raw", "phxbench_raw_shared", "phxbench_naive"):
+        assert not hasattr(core(), name), name
+        assert getattr(raw.lib(), name)
+
+
+def _imports(root):
+    """{module: {module it imports}} over phoenix/, from the source (imports inside
+    functions included), for modules of phoenix/ only."""
+    import ast
+
+    mods = {}
+    for d, _, files in os.walk(os.path.join(root, "phoenix")):
+        for f in files:
+            if f.endswith(".py"):
+                name = os.path.relpath(os.path.join(d, f), root)[:-3].replace(os.sep, ".")
+                is_pkg = name.endswith(".__init__")
+                mods[name.removesuffix(".__init__")] = (os.path.join(d, f), is_pkg)
+
+    def known(name):
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {}
+    for mod, (path, is_pkg) in mods.items():
+        deps = set()
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Import):
+                deps |= {known(a.name) for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    parts = parts[: len(parts) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                deps |= {known(f"{base}.{a.name}") or known(base) for a in node.names}
+        graph[mod] = {d for d in deps if d and d != mod}
+    return graph
+
+
+def test_only_the_cli_imports_the_bench_and_phoenix_has_no_import_cycle():
+    import phoenix
+
+    graph = _imports(os.path.dirname(os.path.dirname(phoenix.__file__)))
+    outside = sorted(m for m, deps in graph.items() if not m.startswith(("phoenix.bench", "phoenix.cli"))
+                     and any(d == "phoenix.bench" or d.startswith("phoenix.bench.") for d in deps))
+    assert not outside, f"imports the bench: {outside}"
+    # a cycle: a module reachable from itself (depth-first search, gray = on the current path)
+    state: dict = {}
+
+    def visit(m, path):
+        state[m] = "gray"
+        for d in graph.get(m, ()):
+            if state.get(d) == "gray":
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(d):] + [d]))
+            if d not in state:
+                visit(d, path + [d])
+        state[m] = "black"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])

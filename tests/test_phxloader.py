@@ -235,7 +235,9 @@ def test_bench_helper_runs_on_cpu(tmp_path):
     phxloader.save_file({"a": np.random.default_rng(1).standard_normal((512, 1024)).astype(np.float32),
                          "b": np.arange(1000, dtype=np.int64)}, p)
     dev = "cpu" if torch is not None else "phx:0"
-    res = phxloader.bench(p, dev, reps=1, quiet=True)
+    from phoenix.bench import loader
+
+    res = loader.bench(p, dev, reps=1, quiet=True)
     assert res["phxloader_cold"]["bytes"] == 512 * 1024 * 4 + 8000
     assert res["ratios"]["phxloader_cold / raw_odirect_cold"] > 0
 

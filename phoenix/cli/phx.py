@@ -1,9 +1,10 @@
-"""``phx``: the operator's command (info, bench, env).
+"""``phx``: the operator's command (info, bench).
 
-Control plane. ``phx info`` answers "what will phoenix do here, and why": version,
-the selected vendor and the reason, every vendor's availability, devices, the I/O
+Operator side, control plane. ``phx info`` answers "what will phoenix do here, and why":
+version, the selected vendor and the reason, every vendor's availability, devices, the I/O
 engines and paths possible here, and known environment problems (another package
-installing an import package named ``phoenix``).
+installing an import package named ``phoenix``). ``phx bench`` and its subcommands come
+from phoenix.bench.cli (the CLI is the benchmarks' only importer).
 """
 
 from __future__ import annotations
@@ -159,9 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     p_info.add_argument("--json", action="store_true", help="print the information as JSON")
     p_info.set_defaults(func=cmd_info)
     try:
-        from phoenix import bench
+        from phoenix.bench import cli as bench_cli
 
-        bench.add_parser(sub)
+        bench_cli.add_parser(sub)
     except ImportError:
         pass
     args = parser.parse_args(argv)

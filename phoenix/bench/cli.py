@@ -1,0 +1,17 @@
+"""``phx bench [kv-trace | loader]``: the benchmarks' command line, hung under ``phx``.
+
+Benchmark side, control plane. ``phx bench`` alone is the throughput bench; the
+sub-benchmarks are its subcommands. Called by phoenix.cli.phx, the only importer of
+this package.
+"""
+
+from __future__ import annotations
+
+from . import kvtrace, loader, throughput
+
+
+def add_parser(sub) -> None:
+    p = throughput.add_parser(sub)
+    benches = p.add_subparsers(dest="bench_cmd", metavar="{kv-trace,loader}")
+    kvtrace.add_parser(benches)
+    loader.add_parser(benches)

@@ -1,0 +1,72 @@
+"""The bench's files: made once with random data, evicted from the page cache, or warmed into it.
+
+Benchmark side, control plane. Shared by ``phx bench``, the kv-trace replay and the loader
+bench; every cold figure starts with :func:`drop_cache`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def drop_cache(path: str) -> str:
+    """Evict the file from the page cache; returns how (for the record).
+
+    phoenix's own page-cache registrations go first: a registered mapping pins its pages,
+    so neither fadvise nor drop_caches could evict them, and a "cold" read would be served
+    from memory (found on the H200: a cold phxloader repetition at 0.08 s)."""
+    pio = sys.modules.get("phoenix.io")
+    if pio is not None:
+        pio.fmap_wait(10)  # registrations under way finish (or they would pin pages after the drop)
+        pio.fmap_clear()
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        how = "fadvise"
+    except OSError as exc:
+        return f"not dropped ({exc})"
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as fh:
+            fh.write("1\n")
+        how += "+drop_caches"
+    except OSError:
+        pass
+    return how
+
+
+def warm_cache(path: str, size: int) -> None:
+    """Read the file once, buffered, so it sits in the page cache."""
+    with open(path, "rb", buffering=0) as fh:
+        buf = bytearray(64 << 20)
+        mv = memoryview(buf)
+        left = size
+        while left > 0:
+            n = fh.readinto(mv[: min(len(buf), left)])
+            if not n:
+                break
+            left -= n
+
+
+def prepare_file(path: str, size: int) -> None:
+    """Create ``path`` with ``size`` bytes of random data unless it already has that size."""
+    if os.path.exists(path) and os.path.getsize(path) >= size:
+        return
+    import numpy as np
+
+    # one random block, stamped per copy so that no two blocks are equal: random enough
+    # for a disk (no compression or dedup in the path) and written at disk speed
+    block = np.random.default_rng(1234).integers(0, 256, 64 << 20, dtype=np.uint8)
+    with open(path, "wb") as fh:
+        left, i = size, 0
+        while left > 0:
+            n = min(len(block), left)
+            block[:8] = np.frombuffer(i.to_bytes(8, "little"), np.uint8)
+            fh.write(block[:n].tobytes())
+            left, i = left - n, i + 1
+        fh.flush()
+        os.fsync(fh.fileno())

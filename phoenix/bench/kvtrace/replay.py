@@ -1,0 +1,481 @@
+"""The kv-trace replay: sessions as threads, each round's loads, prefill and demotions, timed.
+
+Benchmark side. One :class:`Replayer` per run; :meth:`Replayer.run_point` replays one
+(configuration, concurrency) point and returns its record. Data moves outside the cache's
+lock in the thread of the round that needs it; TTFT is taken before the untimed checks.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+from phoenix.vendor import CopyKind
+
+from ..files import drop_cache
+from .compute import Geometry, block_key, make_backend
+from .tiers import Counts, KVCache, Slab, host_view
+from .trace import Session, Trace, scale_trace
+
+CONFIGS = ("dram", "staged", "phoenix")
+
+
+class TooLarge(Exception):
+    """A round whose context no longer fits the HBM tier: its session ends there."""
+
+
+@dataclass
+class SessionState:
+    index: int  # number in the trace
+    session: Session
+    next_round: int
+    kid: int = -1  # session id in block keys: a session replayed from round 0 gets one of its own
+    born: list = field(default_factory=list)  # per block: the round whose content it holds
+    initial: bool = False
+
+    def __post_init__(self):
+        if self.kid < 0:
+            self.kid = self.index
+
+    def advance_born(self, r: int, B: int) -> None:
+        """Block versions after round ``r``'s prefix (a prefix ending inside or before a block
+        gives the block new content from round r on)."""
+        rd = self.session.rounds[r]
+        first_changed = rd.prefix_tokens // B
+        total_blocks = (rd.input_tokens + rd.output_tokens) // B
+        del self.born[first_changed:]
+        self.born.extend([r] * (total_blocks - len(self.born)))
+
+    def key(self, b: int) -> tuple:
+        return (self.kid, b, self.born[b])
+
+
+class Replayer:
+    def __init__(self, args, trace: Trace, rt=None, log=print):
+        import phoenix.io as pio
+        from phoenix import registry
+
+        self.args, self.log = args, log
+        self.geo = Geometry(args.layers, args.kv_heads, args.head_dim, args.q_heads, args.hidden, args.ffn, args.dtype)
+        self.trace = scale_trace(trace, args.token_scale)
+        B = args.block_tokens
+        self.bb = B * self.geo.bytes_per_token
+        if self.bb % 4096:
+            raise ValueError(f"a block is {self.bb} bytes ({B} tokens x {self.geo.bytes_per_token}): choose --block-tokens "
+                             "so that it is a multiple of 4096 (O_DIRECT alignment)")
+        self.cmax = max(args.concurrency)
+        if len(self.trace.sessions) < self.cmax:
+            raise ValueError(f"the trace has {len(self.trace.sessions)} sessions, fewer than --concurrency {self.cmax}")
+        first_need = max((self.trace.sessions[i].rounds[0].input_tokens + self.trace.sessions[i].rounds[0].output_tokens)
+                         // B + 1 for i in range(self.cmax))
+        if first_need > args.hbm // self.bb:
+            raise ValueError(f"a first round needs {first_need} blocks of {self.bb >> 10} KiB in HBM but --hbm holds "
+                             f"{args.hbm // self.bb}: raise --hbm, or lower --token-scale")
+        if rt is None:
+            if os.environ.get("PHX_VENDOR", "auto") in ("nvidia", "auto") and args.compute in ("auto", "torch"):
+                try:  # torch first: the nvidia port then shares torch's libcudart
+                    import torch  # noqa: F401
+                except Exception:
+                    pass
+            rt = registry.get_runtime()
+        self.rt = rt
+        self.pio = pio
+        max_ctx = max(r.input_tokens for s in self.trace.sessions for r in s.rounds) + 1
+        self.backend = make_backend(rt, self.geo, max_ctx, args.prefill_chunk, args.device, args.compute)
+        # initial sessions (one per slot of the largest concurrency) start part-way through
+        rng = random.Random(args.seed + 1)
+        self.start_round = []
+        for s in self.trace.sessions:
+            hi = int(len(s.rounds) * args.warm_start)
+            self.start_round.append(rng.randrange(hi) if hi > 0 else 0)
+        # history: the blocks of the initial sessions' prefixes at their start rounds
+        self.history: dict = {}
+        for i in range(self.cmax):
+            st = self._state(i, initial=True)
+            for b in range(len(st.born)):
+                self.history[st.key(b)] = len(self.history)
+        self.cache = KVCache(rt, self.backend, args, self.geo, len(self.history))
+        self.slab = Slab(args.slab, self.bb, len(self.history), self.cache.ssd.nslots)
+        self.slab_write_s = 0.0
+        self.staging: dict = {}
+        self.poison_hook = None  # tests: called with (config, replayer) before a point's replay
+        self.abort = False
+
+    def _state(self, i: int, initial: bool) -> SessionState:
+        """Session ``i`` before its first replayed round: the blocks of that round's prefix exist."""
+        st = SessionState(i, self.trace.sessions[i], self.start_round[i] if initial else 0,
+                          kid=i if initial else i + len(self.trace.sessions), initial=initial)
+        for r in range(st.next_round):
+            st.advance_born(r, self.args.block_tokens)
+        if st.next_round < len(st.session.rounds):
+            del st.born[st.session.rounds[st.next_round].prefix_tokens // self.args.block_tokens:]
+        return st
+
+    # -- setup -----------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        if any(c != "dram" for c in self.args.configs):
+            keys = {k: block_key(*k) for k in self.history}
+            self.slab_write_s = self.slab.create(self.history, keys)
+            self.log(f"slab: {len(self.history)} history blocks ({len(self.history) * self.bb / 2**30:.2f} GiB) written to "
+                     f"{self.slab.hist_path} in {self.slab_write_s:.1f} s; dynamic region {self.cache.ssd.nslots} blocks")
+        for i in range(self.cmax):
+            self.staging[i] = self.rt.host_alloc_pinned(self.bb)
+
+    def close(self) -> None:
+        self.slab.close()
+        for p in self.staging.values():
+            self.rt.host_free_pinned(p)
+        self.staging = {}
+        self.cache.close()
+        if not self.args.keep_slab:
+            self.slab.remove()
+
+    # -- one point: (config, concurrency) -----------------------------------------------------
+
+    def run_point(self, config: str, conc: int) -> dict:
+        args = self.args
+        self.cache.reset(config, self.history)
+        if config != "dram":
+            for p in (self.slab.hist_path, self.slab.path):
+                drop_cache(p)
+            if hasattr(self.pio, "fmap_clear"):
+                self.pio.fmap_clear()  # every point starts without phoenix's page-cache mappings
+        self.slab.open(config)
+        if self.poison_hook:
+            self.poison_hook(config, self)
+        self.point_counts = Counts()
+        self.ttfts: list[float] = []
+        self.errors: list[str] = []
+        self.failures: list[str] = []
+        self.abort = False
+        self.truncated = 0
+        lock = threading.Lock()
+        next_session = [self.cmax]  # sessions below cmax are the initial ones (history on the slab)
+
+        # warm-up (untimed): the initial sessions' earlier rounds went through HBM and DRAM
+        states = [self._state(i, initial=True) for i in range(conc)]
+        self._warm(states)
+        t_start = time.perf_counter()
+        deadline = t_start + args.duration
+
+        def worker(slot: int, st: SessionState):
+            rng = random.Random(args.seed * 1000 + slot)
+            stream = self.backend.new_stream()
+            copy_stream = self.rt.stream_create(args.device)
+            try:
+                first = True
+                while st is not None:
+                    rounds = st.session.rounds
+                    while st.next_round < len(rounds):
+                        think = rounds[st.next_round].think_s * args.time_scale
+                        if first:  # initial sessions arrive spread over one think time
+                            think = think * rng.random() if st.initial else 0.0
+                        first = False
+                        if time.perf_counter() + think >= deadline or self.abort:
+                            return
+                        time.sleep(think)
+                        try:
+                            ttft, counts = self.round(config, slot, st, stream, copy_stream)
+                        except TooLarge:
+                            with lock:
+                                self.truncated += 1
+                            break
+                        with lock:
+                            self.ttfts.append(ttft)
+                            self.point_counts.add(counts)
+                        st.next_round += 1
+                    with lock:  # the slot takes the next session of the trace, from its first round
+                        i = next_session[0]
+                        next_session[0] += 1
+                    st = self._state(i, initial=False) if i < len(self.trace.sessions) else None
+                    first = True
+            except Exception as exc:
+                import traceback
+
+                with lock:
+                    self.errors.append(f"slot {slot}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+                with self.cache.cond:
+                    self.abort = True
+                    self.cache.cond.notify_all()
+            finally:
+                self.backend.sync(stream)
+                self.rt.stream_destroy(copy_stream)
+
+        threads = [threading.Thread(target=worker, args=(i, states[i]), name=f"kv-session-{i}") for i in range(conc)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - t_start
+        self.slab.close()
+        if self.errors:
+            raise RuntimeError(f"{config} at concurrency {conc}: " + self.errors[0])
+        return self._record(config, conc, elapsed)
+
+    def _warm(self, states) -> None:
+        """The initial sessions' earlier rounds, interleaved round by round, leave their most
+        recent blocks in HBM and the next ones in DRAM (older ones: on the SSD tier's slab for
+        staged and phoenix, dropped for dram). Untimed."""
+        c, be = self.cache, self.backend
+        produced = []  # (round, session, key) of every block version still valid at the start
+        for st in states:
+            for b in range(len(st.born)):
+                produced.append((st.born[b], st.index, st.key(b)))
+        produced.sort()
+        tail = [k for _, _, k in produced[-(c.hbm.nslots + c.dram.nslots):]]
+        n_dram = max(0, len(tail) - c.hbm.nslots)
+        stream = be.new_stream()
+        scratch, _ = c.hbm.take()  # a free HBM slot to make DRAM contents on the device
+        for k in tail[:n_dram]:
+            be.fill(stream, c.hbm_ptr(scratch), self.bb, block_key(*k))
+            be.sync(stream)
+            slot, _ = c.dram.take()
+            self.rt.memcpy(c.dram_ptr(slot), c.hbm_ptr(scratch), self.bb, CopyKind.DEVICE_TO_HOST)
+            c.dram.put(k, slot)
+        c.hbm.free.append(scratch)
+        for k in tail[n_dram:]:
+            slot, _ = c.hbm.take()
+            be.fill(stream, c.hbm_ptr(slot), self.bb, block_key(*k))
+            c.hbm.put(k, slot)
+        be.sync(stream)
+        # low blocks most recent within a session (as rounds leave them)
+        for k in sorted(c.hbm.lru, key=lambda k: (-k[1],)):
+            c.hbm.lru.move_to_end(k)
+
+    # -- one round ----------------------------------------------------------------------------
+
+    def _classify(self, keys, need):
+        c = self.cache
+        where = ["hbm" if k in c.hbm.lru else "dram" if k in c.dram.lru else "ssd" if k in c.ssd.lru else None
+                 for k in keys[:need]]
+        m = where.index(None) if None in where else need
+        return where, m
+
+    def round(self, config: str, slot: int, st: SessionState, stream, copy_stream) -> tuple[float, Counts]:
+        args, c, be, bb = self.args, self.cache, self.backend, self.bb
+        B = args.block_tokens
+        r = st.next_round
+        rd = st.session.rounds[r]
+        n = Counts(rounds=1)
+        t0 = time.perf_counter()
+        st.advance_born(r, B)
+        need = rd.prefix_tokens // B
+        produce_end = (rd.input_tokens + rd.output_tokens) // B
+        keys = [st.key(b) for b in range(max(need, produce_end))]
+        if len(keys) > c.hbm.nslots:
+            raise TooLarge(f"session {st.index} round {r}: {len(keys)} blocks, more than the HBM tier's {c.hbm.nslots}")
+        with c.cond:
+            # where is each prefix block; wait (holding nothing) until HBM can take what must come in
+            while True:
+                if self.abort:
+                    raise RuntimeError("aborted: another session failed")
+                if any(k in c.transit for k in keys[:need]):
+                    c.cond.wait(1.0)
+                    continue
+                where, m = self._classify(keys, need)
+                loads = [(b, where[b]) for b in range(m) if where[b] != "hbm"]
+                produce = list(range(m, produce_end))
+                resident = {k for k in keys if k in c.hbm.lru}
+                want = [b for b, _ in loads] + [b for b in produce if keys[b] not in resident]
+                if len(c.hbm.free) + c.hbm.evictable(exclude=resident) >= len(want):
+                    break
+                n.hbm_waits += 1
+                c.cond.wait(1.0)
+            for k in resident:
+                c.hbm.pins[k] += 1
+            src = {}  # pinned first: the demotions below must not evict what this round loads
+            for b, w in loads:
+                tier = c.dram if w == "dram" else c.ssd
+                tier.pins[keys[b]] += 1
+                src[b] = tier.lru[keys[b]]
+            dst: dict[int, int] = {}
+            tasks = []
+            for b in want:
+                s, victim = c.hbm.take(exclude=resident)
+                dst[b] = s
+                if victim is not None:
+                    tasks += self._demote(victim, s, n)
+        try:
+            # data moves outside the lock: demotions first (they free the slots), then loads
+            for task in tasks:
+                self._run_task(config, task, slot)
+        finally:
+            with c.cond:
+                for task in tasks:
+                    self._finish_task(task)
+                c.cond.notify_all()
+        if args.verify and loads:
+            for b, _ in loads:
+                be.poison(stream, c.hbm_ptr(dst[b]), bb)
+            be.sync(stream)
+        start = m * B  # prefill from the first missing block on: recomputed prefix and new tokens
+        tokens = rd.input_tokens - start
+        dram_loads = [b for b, w in loads if w == "dram"]
+        ssd_loads = [b for b, w in loads if w == "ssd"]
+        for b in dram_loads:
+            self.rt.memcpy_async(c.hbm_ptr(dst[b]), c.dram_ptr(src[b]), bb, CopyKind.HOST_TO_DEVICE, copy_stream)
+        futs = []
+        if config == "phoenix":
+            for b in ssd_loads:
+                path, off = self.slab.where(src[b])
+                futs.append((path, off, self.slab.files[path].pread((c.hbm_ptr(dst[b]), bb), bb, off)))
+        # the linear layers of the uncached tokens run while the prefix loads (queued on the GPU;
+        # on the CPU stand-in they run here, beside phoenix's and the copy stream's transfers)
+        be.linear(stream, tokens)
+        if config == "staged":
+            for b in ssd_loads:  # the naive loop: pread into pinned memory, then a synchronous copy
+                path, off = self.slab.where(src[b])
+                fd, _direct = self.slab.fds[path]
+                got = os.preadv(fd, [host_view(self.staging[slot], bb)], off)
+                if got != bb:
+                    raise OSError(5, f"{path}: short read, {got} of {bb} bytes at {off}")
+                self.rt.memcpy(c.hbm_ptr(dst[b]), self.staging[slot], bb, CopyKind.HOST_TO_DEVICE)
+        for path, off, fu in futs:
+            got = fu.result()
+            if got != bb:
+                raise OSError(5, f"{path}: short read, {got} of {bb} bytes at {off}")
+        if dram_loads:
+            self.rt.stream_synchronize(copy_stream)
+        # attention over the whole context, once the prefix is in HBM
+        be.attention(stream, start, tokens)
+        # the KV this round produces (recomputed prefix blocks, new ones; decode's as if produced)
+        for b in produce:
+            if keys[b] not in resident:
+                be.fill(stream, c.hbm_ptr(dst[b]), bb, block_key(*keys[b]))
+        be.sync(stream)
+        ttft = time.perf_counter() - t0
+        # accounting and verification (untimed)
+        n.blocks_needed = need
+        n.hbm_hits = sum(1 for w in where[:m] if w == "hbm")
+        n.dram_loads, n.ssd_loads = len(dram_loads), len(ssd_loads)
+        n.recomputes = need - m
+        n.bytes_loaded_dram, n.bytes_loaded_ssd = len(dram_loads) * bb, len(ssd_loads) * bb
+        n.blocks_produced = len(produce)
+        n.prefill_tokens = tokens
+        n.recompute_tokens = max(0, rd.prefix_tokens - start)
+        n.linear_tflop = self.geo.linear_flops(tokens) / 1e12
+        ch = args.prefill_chunk
+        n.attention_tflop = sum(self.geo.attention_flops(min(ch, tokens - p), start + p + min(ch, tokens - p))
+                                for p in range(0, tokens, ch)) / 1e12
+        if n.hbm_hits + n.dram_loads + n.ssd_loads + n.recomputes != n.blocks_needed:
+            raise AssertionError(f"accounting does not add up: {n}")
+        try:
+            if args.verify:
+                for b, w in loads:
+                    ok = be.verify(stream, c.hbm_ptr(dst[b]), bb, block_key(*keys[b]))
+                    n.bytes_verified += bb
+                    if not ok:
+                        n.verify_failures += 1
+                        self.failures.append(f"{config}: session {st.index} round {r} block {b} loaded from {w} "
+                                             "does not hold its pattern")
+        finally:
+            with c.cond:
+                for b in range(len(keys) - 1, -1, -1):  # low blocks most recent: the prefix stays longest
+                    k = keys[b]
+                    if b in dst:
+                        c.hbm.put(k, dst[b])
+                    elif k in c.hbm.lru:
+                        c.hbm.lru.move_to_end(k)
+                for k in resident:
+                    c.hbm.pins[k] -= 1
+                for b, w in loads:
+                    tier = c.dram if w == "dram" else c.ssd
+                    tier.pins[keys[b]] -= 1
+                    if keys[b] in tier.lru:
+                        tier.lru.move_to_end(keys[b])
+                c.cond.notify_all()
+        return ttft, n
+
+    # -- demotion ------------------------------------------------------------------------------
+
+    def _demote(self, victim, hbm_slot: int, n: Counts) -> list:
+        """Under the lock: where an HBM victim goes (and what that evicts). Returns tasks."""
+        c = self.cache
+        tasks = []
+        if victim in c.dram.lru or victim in c.ssd.lru:
+            return tasks  # lower tiers are inclusive: a copy is there already
+        c.transit.add(victim)
+        dslot, dvictim = c.dram.take()
+        if dslot is not None:
+            if dvictim is not None:
+                tasks += self._to_ssd(dvictim, ("dram", dslot), n)
+            tasks.append(("h2dram", victim, hbm_slot, dslot))
+            n.demoted_to_dram += 1
+            return tasks
+        # DRAM has no slot to give (all pinned by loads in flight): straight to SSD, or dropped
+        tasks += self._to_ssd(victim, ("hbm", hbm_slot), n)
+        return tasks
+
+    def _to_ssd(self, key, src, n: Counts) -> list:
+        c = self.cache
+        if key in c.ssd.lru:
+            c.transit.discard(key)
+            return [("nop", key)]
+        if c.config == "dram":
+            n.dropped += 1
+            return [("nop", key)]
+        sslot, _svictim = c.ssd.take()
+        if sslot is None:
+            n.dropped += 1
+            return [("nop", key)]
+        c.transit.add(key)
+        n.written_to_ssd += 1
+        n.bytes_written_ssd += self.bb
+        return [("to_ssd", key, src, sslot)]
+
+    def _run_task(self, config: str, task, slot: int) -> None:
+        c, bb = self.cache, self.bb
+        if task[0] == "h2dram":
+            _, _key, hslot, dslot = task
+            self.rt.memcpy(c.dram_ptr(dslot), c.hbm_ptr(hslot), bb, CopyKind.DEVICE_TO_HOST)
+        elif task[0] == "to_ssd":
+            _, _key, (tier, sslot_src), sslot = task
+            path, off = self.slab.where(sslot)
+            if config == "phoenix":
+                ptr = c.dram_ptr(sslot_src) if tier == "dram" else c.hbm_ptr(sslot_src)
+                got = self.slab.files[path].write((ptr, bb), bb, off)
+            else:
+                if tier == "dram":
+                    ptr = c.dram_ptr(sslot_src)
+                else:
+                    ptr = self.staging[slot]
+                    self.rt.memcpy(ptr, c.hbm_ptr(sslot_src), bb, CopyKind.DEVICE_TO_HOST)
+                fd, _direct = self.slab.fds[path]
+                got = os.pwritev(fd, [host_view(ptr, bb)], off)
+            if got != bb:
+                raise OSError(5, f"{path}: short write {got} of {bb} at {off}")
+
+    def _finish_task(self, task) -> None:
+        c = self.cache
+        if task[0] == "h2dram":
+            c.dram.put(task[1], task[3])
+        elif task[0] == "to_ssd":
+            c.ssd.put(task[1], task[3])
+        c.transit.discard(task[1])
+
+    # -- records ---------------------------------------------------------------------------------
+
+    def _record(self, config: str, conc: int, elapsed: float) -> dict:
+        t = sorted(self.ttfts)
+        n = self.point_counts
+        rec = {
+            "config": config, "concurrency": conc, "vendor": self.rt.name, "test_double": bool(self.rt.is_test_double),
+            "rounds": len(t), "seconds": elapsed, "qps": len(t) / elapsed if elapsed > 0 else 0.0,
+            "ttft_mean_s": sum(t) / len(t) if t else None, "ttft_p50_s": _pct(t, 0.50), "ttft_p99_s": _pct(t, 0.99),
+            "ttft_max_s": t[-1] if t else None, "threshold_s": self.args.threshold,
+            "under_threshold": bool(t) and _pct(t, 0.99) < self.args.threshold,
+            "sessions_ended_hbm_full": self.truncated, "counts": asdict(n), "verified": n.verify_failures == 0, "failures": self.failures[:10],
+        }
+        return rec
+
+
+def _pct(xs: list, q: float):
+    if not xs:
+        return None
+    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
+

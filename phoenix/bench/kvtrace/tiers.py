@@ -1,0 +1,223 @@
+"""The kv-trace's cache tiers: HBM (device memory), DRAM (pinned host memory), SSD (slab files).
+
+Benchmark side. The index (LRU per tier, pins, blocks in transit) is control plane under
+one lock; the memory behind it is the vendor's, and the slab is read and written through
+phoenix or through plain O_DIRECT descriptors (the staged loop) by the replay.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+from .compute import Geometry
+
+
+class Tier:
+    """One cache tier: fixed slots of one block each, LRU over resident blocks."""
+
+    def __init__(self, name: str, nslots: int, reserved: int = 0):
+        self.name = name
+        self.nslots = nslots  # dynamic slots (reserved ones come first and are never reused)
+        self.reserved = reserved
+        self.reset()
+
+    def reset(self) -> None:
+        self.free = list(range(self.reserved + self.nslots - 1, self.reserved - 1, -1))
+        self.lru: collections.OrderedDict = collections.OrderedDict()  # key -> slot
+        self.pins: collections.Counter = collections.Counter()
+
+    def evictable(self, exclude=()) -> int:
+        return sum(1 for k, slot in self.lru.items() if not self.pins[k] and k not in exclude and slot >= self.reserved)
+
+    def take(self, exclude=()):
+        """A slot: a free one, else the LRU unpinned block's (returned as the victim)."""
+        if self.free:
+            return self.free.pop(), None
+        for k, slot in self.lru.items():
+            if not self.pins[k] and k not in exclude and slot >= self.reserved:
+                del self.lru[k]
+                return slot, k
+        return None, None
+
+    def drop(self, key) -> None:
+        slot = self.lru.pop(key)
+        if slot >= self.reserved:
+            self.free.append(slot)
+
+    def put(self, key, slot: int) -> None:
+        self.lru[key] = slot
+        self.lru.move_to_end(key)
+
+
+@dataclass
+class Counts:
+    rounds: int = 0
+    blocks_needed: int = 0
+    hbm_hits: int = 0
+    dram_loads: int = 0
+    ssd_loads: int = 0
+    recomputes: int = 0
+    bytes_loaded_dram: int = 0
+    bytes_loaded_ssd: int = 0
+    bytes_verified: int = 0
+    verify_failures: int = 0
+    blocks_produced: int = 0
+    demoted_to_dram: int = 0
+    written_to_ssd: int = 0
+    bytes_written_ssd: int = 0
+    dropped: int = 0
+    prefill_tokens: int = 0
+    recompute_tokens: int = 0
+    linear_tflop: float = 0.0
+    attention_tflop: float = 0.0
+    hbm_waits: int = 0
+
+    def add(self, other: Counts) -> None:
+        for k, v in asdict(other).items():
+            setattr(self, k, getattr(self, k) + v)
+
+
+class KVCache:
+    """HBM (vendor device memory), DRAM (vendor pinned host memory), SSD (slab files).
+
+    Control plane: an index under one lock. Data moves outside the lock, in the thread of
+    the round that needs it; a block being demoted is "in transit" and its owner waits.
+    """
+
+    def __init__(self, rt, backend, args, geo: Geometry, history_blocks: int):
+        self.rt, self.backend, self.args = rt, backend, args
+        self.block_bytes = args.block_tokens * geo.bytes_per_token
+        bb = self.block_bytes
+        self.hbm = Tier("hbm", args.hbm // bb)
+        self.dram = Tier("dram", args.dram // bb)
+        self.ssd = Tier("ssd", args.ssd // bb, reserved=history_blocks)
+        if self.hbm.nslots < 1 or self.dram.nslots < 1:
+            raise ValueError(f"--hbm {args.hbm} and --dram {args.dram} must hold at least one block of {bb} bytes")
+        nbytes = self.hbm.nslots * bb
+        self.hbm_keep = None  # set when the compute library owns the HBM tier's memory
+        self.hbm_base = rt.device_alloc(nbytes, args.device)
+        self.hbm_alloc = "vendor device_alloc"
+        try:
+            backend.wrap_hbm(self.hbm_base, nbytes)
+        except Exception as exc:
+            rt.device_free(self.hbm_base)
+            self.hbm_base = 0
+            alloc = getattr(backend, "alloc_hbm", None)
+            if alloc is None:
+                raise RuntimeError(f"the compute backend cannot view vendor device memory: {type(exc).__name__}: {exc}") from exc
+            # the same device memory, allocated by the compute library (phoenix takes its pointers)
+            self.hbm_keep, self.hbm_base = alloc(nbytes)
+            self.hbm_alloc = f"{backend.name} allocation (vendor memory could not be viewed: {type(exc).__name__}: {exc})"
+        self.dram_base = rt.host_alloc_pinned(self.dram.nslots * bb)
+        self.cond = threading.Condition()
+        self.transit: set = set()
+        self.config = None
+
+    def close(self) -> None:
+        if self.hbm_base and self.hbm_keep is None:
+            self.rt.device_free(self.hbm_base)
+        self.hbm_base, self.hbm_keep = 0, None
+        if self.dram_base:
+            self.rt.host_free_pinned(self.dram_base)
+            self.dram_base = 0
+
+    def reset(self, config: str, history: dict) -> None:
+        """Empty HBM and DRAM; the SSD tier holds the pre-written history (not for ``dram``)."""
+        with self.cond:
+            self.config = config
+            for t in (self.hbm, self.dram, self.ssd):
+                t.reset()
+            self.transit.clear()
+            if config != "dram":
+                for key, slot in history.items():
+                    self.ssd.put(key, slot)
+
+    def hbm_ptr(self, slot: int) -> int:
+        return self.hbm_base + slot * self.block_bytes
+
+    def dram_ptr(self, slot: int) -> int:
+        return self.dram_base + slot * self.block_bytes
+
+
+# ---- the slab (SSD tier) ------------------------------------------------------------------------
+
+
+class Slab:
+    """The SSD tier's files: ``<path>.history`` (pre-written history, read-only during the
+    replay) and ``<path>`` (blocks demoted during the replay). One slot = one block."""
+
+    def __init__(self, path: str, block_bytes: int, history_slots: int, dynamic_slots: int):
+        self.path, self.bb = path, block_bytes
+        self.hist_path = path + ".history"
+        self.history_slots, self.dynamic_slots = history_slots, dynamic_slots
+        self.files: dict = {}
+        self.fds: dict = {}
+
+    def where(self, slot: int) -> tuple[str, int]:
+        if slot < self.history_slots:
+            return self.hist_path, slot * self.bb
+        return self.path, (slot - self.history_slots) * self.bb
+
+    def create(self, history: dict, keys: dict, progress=None) -> float:
+        """Write the history blocks (their patterns) and size the dynamic file; returns seconds."""
+        import phoenix
+
+        t0 = time.perf_counter()
+        with open(self.path, "wb") as fh:
+            fh.truncate(max(1, self.dynamic_slots) * self.bb)
+        bufsz = 64
+        import numpy as np
+
+        stage = np.empty(bufsz * self.bb, np.uint8)
+        base = np.arange(self.bb // 8, dtype=np.uint64)
+        with phoenix.open(self.hist_path, "w") as f:
+            items = sorted(history.items(), key=lambda kv: kv[1])
+            futs = []
+            for i in range(0, len(items), bufsz):
+                batch = items[i:i + bufsz]
+                for j, (key, _slot) in enumerate(batch):
+                    np.bitwise_xor(base, np.uint64(keys[key]), out=stage[j * self.bb:(j + 1) * self.bb].view(np.uint64))
+                futs = [f.pwrite(stage, self.bb, slot * self.bb, j * self.bb) for j, (_key, slot) in enumerate(batch)]
+                for fu in futs:
+                    fu.result()
+            f.fsync()
+        return time.perf_counter() - t0
+
+    def open(self, config: str):
+        """Open the files for a configuration: phoenix files, or plain O_DIRECT descriptors."""
+        self.close()
+        if config == "phoenix":
+            import phoenix
+
+            self.files = {p: phoenix.open(p, "r+") for p in (self.hist_path, self.path)}
+        elif config == "staged":
+            for p in (self.hist_path, self.path):
+                try:
+                    self.fds[p] = (os.open(p, os.O_RDWR | os.O_DIRECT), True)
+                except OSError:  # tmpfs and others refuse O_DIRECT: buffered
+                    self.fds[p] = (os.open(p, os.O_RDWR), False)
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+        for fd, _ in self.fds.values():
+            os.close(fd)
+        self.files, self.fds = {}, {}
+
+    def remove(self) -> None:
+        self.close()
+        for p in (self.path, self.hist_path):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+
+
+def host_view(ptr: int, n: int) -> memoryview:
+    return memoryview((ctypes.c_char * n).from_address(ptr)).cast("B")
+
