@@ -35,6 +35,8 @@ skip_heavy = pytest.mark.skipif(os.environ.get("PHX_KERNEL_TEST") == "0", reason
 # ---- kmod: what userspace reads ---------------------------------------------------------------
 
 BACKENDS = (
+    "amd unavailable devices=0 page_size=65536 reason: the AMD driver is not loaded "
+    "(amdkfd_query_rdma_interface not found: ...) (-2)\n"
     "host available devices=1 page_size=65536\n"
     "metax unavailable devices=0 page_size=65536 reason: the MetaX driver is not loaded "
     "(metax_p2p_acquire_mem not found) (-2)\n"
@@ -80,9 +82,10 @@ def test_without_the_module_every_answer_says_why(tmp_path):
 def test_backends_devices_and_reasons(tmp_path):
     sysfs, dev = loaded_tree(tmp_path)
     bes = {b.name: b for b in kmod.backends(sysfs)}
-    assert set(bes) == {"host", "metax", "nvidia"}
+    assert set(bes) == {"amd", "host", "metax", "nvidia"}
     assert bes["host"].available and bes["host"].devices == 1 and bes["host"].page_size == 65536
     assert not bes["nvidia"].available and bes["nvidia"].reason.startswith("the NVIDIA driver is not loaded")
+    assert not bes["amd"].available and bes["amd"].reason.startswith("the AMD driver is not loaded")
     (d,) = kmod.devices("host", sysfs, dev)
     assert (d.name, d.path, d.ordinal, d.bar, d.bar_size, d.map_mode) == (
         "phx_host0", os.path.join(dev, "phx_host0"), 0, 2, 128 << 20, "full")
@@ -186,9 +189,12 @@ def test_modules_build_with_werror(built):
         data = open(os.path.join(built["dir"], ko), "rb").read()
         assert b"license=GPL" in data, f"{ko} must be GPL (memremap_pages is EXPORT_SYMBOL_GPL)"
         assert f"vermagic={built['krel']} ".encode() in data
-    nv = open(os.path.join(built["dir"], "phx_nvidia.ko"), "rb").read()
-    assert b"nvidia_p2p_get_pages" in nv  # resolved with symbol_get at load time, never linked
-    assert not re.search(rb"__ksymtab_nvidia|__crc_nvidia", nv)
+    # the vendors' P2P interfaces are resolved with symbol_get at load time, never linked
+    for ko, sym, prefix in (("phx_nvidia.ko", b"nvidia_p2p_get_pages", b"nvidia"),
+                            ("phx_amd.ko", b"amdkfd_query_rdma_interface", b"amdkfd")):
+        data = open(os.path.join(built["dir"], ko), "rb").read()
+        assert sym in data, ko
+        assert not re.search(rb"__ksymtab_" + prefix + rb"|__crc_" + prefix, data), ko
 
 
 # ---- the emulated machine -----------------------------------------------------------------------
@@ -238,6 +244,7 @@ def test_direct_path_in_qemu(built, tmp_path):
     assert st["core_loaded"] and st["why"] == "", st
     names = {b["name"]: b for b in st["backends"]}
     assert names["host"]["available"] and names["host"]["devices"] == 1
+    assert names["amd"]["reason"].startswith("the AMD driver is not loaded (amdkfd_query_rdma_interface not found")
     for vendor in VENDORS:
         if vendor != "host":
             assert not names[vendor]["available"] and "driver is not loaded" in names[vendor]["reason"]
