@@ -13,3 +13,13 @@ void phx_io_get_stats(struct phx_io_stats *o)
     PHX_IO_STATS(S)
 #undef S
 }
+
+const char *phx_io_stats_fields(void)
+{
+    /* the field names of struct phx_io_stats in order, comma-separated: the Python side
+     * builds its mirror of the struct from this, so the list is written once (phx_io.h) */
+#define S(name) #name ","
+    static const char names[] = PHX_IO_STATS(S);
+#undef S
+    return names;
+}

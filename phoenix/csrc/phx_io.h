@@ -328,5 +328,7 @@ struct phx_io_stats {
 };
 #undef PHX_IO_STAT_FIELD
 void phx_io_get_stats(struct phx_io_stats *out);
+/* "contexts,threads,...,": the fields of struct phx_io_stats in order (all int64_t) */
+const char *phx_io_stats_fields(void);
 
 #endif
