@@ -1,9 +1,10 @@
 """Build of the C core (``phoenix._phxcore``) and the package map.
 
-The C core (I/O engines, host reference runtime) is plain C11 + pthreads + Linux
-UAPI headers (io_uring through raw system calls), so ``pip install .`` needs only
-gcc and the Python headers. The library is loaded with ctypes; its tiny module init
-exists only so that the package build compiles it and the import system finds it.
+The C core (I/O engines) is plain C11 + pthreads + Linux UAPI headers (io_uring
+through raw system calls), so ``pip install .`` needs only gcc and the Python headers.
+The library is loaded with ctypes; its tiny module init exists only so that the
+package build compiles it and the import system finds it. Test doubles are not in it:
+the host reference runtime is its own library (below).
 
 ``vendors/`` and ``templates/`` sit at the top of the repository and are mapped into
 the package as ``phoenix.vendors`` and ``phoenix.templates``; every vendor directory
@@ -21,13 +22,20 @@ from setuptools.command.build_ext import build_ext
 # whose file name is exactly phoenix/lib/libphxfile.so (no ABI tag), with a soname and a
 # version script that exports the ten phxFile* symbols and nothing else.
 PHXFILE = "phoenix.lib.libphxfile"
+# libphxhostrt.so (phoenix/_testing/hostrt/): the host reference runtime, a TEST DOUBLE
+# that vendors/host/runtime.py finds by path and binds like any vendor runtime; built
+# beside its sources the same way, so the C core holds no phxh* symbol. The emulator
+# builds the same hostrt.c with other prefixes from the shipped sources.
+HOSTRT = "phoenix._testing.hostrt.libphxhostrt"
+PLAIN_LIBRARIES = {PHXFILE, HOSTRT}  # exact file names lib<name>.so, no ABI tag, no PyInit_
 
 
 class BuildExt(build_ext):
     def get_ext_filename(self, fullname):
         parts = fullname.split(".")
-        if parts[-1] == PHXFILE.rsplit(".", 1)[-1]:  # asked with the full name and with the last part
-            return os.path.join(*parts[:-1], "libphxfile.so")
+        for lib in PLAIN_LIBRARIES:  # asked with the full name and with the last part
+            if parts[-1] == lib.rsplit(".", 1)[-1]:
+                return os.path.join(*parts[:-1], parts[-1] + ".so")
         return super().get_ext_filename(fullname)
 
     def copy_extensions_to_source(self):  # editable / in-place: phoenix/lib may not exist yet
@@ -35,8 +43,8 @@ class BuildExt(build_ext):
         super().copy_extensions_to_source()
 
     def get_export_symbols(self, ext):
-        if ext.name == PHXFILE:
-            return []  # no PyInit_: the version script says what is exported
+        if ext.name in PLAIN_LIBRARIES:
+            return []  # no PyInit_: a version script or static helpers say what is exported
         return super().get_export_symbols(ext)
 
 
@@ -58,6 +66,7 @@ setup(
     package_dir=package_dir,
     package_data={
         "phoenix": ["csrc/*.h", "csrc/*.c", "csrc/phxfile/*.c", "csrc/phxfile/*.h", "csrc/phxfile/*.map"],
+        "phoenix._testing": ["hostrt/*.c", "hostrt/*.h"],  # the emulator builds from these when installed
         "phoenix.vendors": ["*.md"],
         **{f"phoenix.vendors.{d}": ["*.c", "*.h", "*.md", "Kbuild", "Makefile"] for d in _subdirs("vendors")},
         "phoenix.templates": ["*.j2", "*.md"],
@@ -81,6 +90,14 @@ setup(
                                 "-Wno-unused-parameter"],
             extra_link_args=["-pthread", "-ldl", "-Wl,-soname,libphxfile.so",
                              "-Wl,--version-script=" + os.path.join(HERE, "phoenix", "csrc", "phxfile", "phxfile.map")],
+        ),
+        Extension(
+            HOSTRT,
+            sources=["phoenix/_testing/hostrt/hostrt.c", "phoenix/_testing/hostrt/phx_testing.c"],
+            depends=["phoenix/_testing/hostrt/hostrt.h", "phoenix/_testing/hostrt/phx_testing.h"],
+            include_dirs=["phoenix/_testing/hostrt"],
+            extra_compile_args=["-O2", "-std=gnu11", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            extra_link_args=["-pthread", "-Wl,-soname,libphxhostrt.so"],
         ),
     ],
     cmdclass={"build_ext": BuildExt},
