@@ -3,20 +3,21 @@
 Vendor side, control plane. The model port: copy it for a CUDA-shaped runtime.
 
 The contract is :class:`phoenix.vendor.VendorRuntime` (its docstrings are the contract).
-A CUDA-shaped port subclasses :class:`phoenix.cudalike.CudaLikeRuntime`, which implements
-every operation over the runtime's ``<prefix>*`` calls, and says only what differs:
+A CUDA-shaped port subclasses :class:`phoenix.cudalike.CudaLikeRuntime`, which does
+every operation through the runtime's ``<prefix>*`` calls, and says only what differs:
 
-* ``name`` and ``prefix``: the vendor (its directory's name) and the runtime's symbol prefix;
-* ``library_path``: where its runtime library is (here ``$PHX_HOST_LIBRARY``, else
-  ``libphxhostrt.so`` as the package build left it);
+* ``name``, ``prefix``, ``library_names``: the vendor (its directory's name), the
+  runtime's symbol prefix and its library's file name;
+* ``find_library`` / ``library_path``: where that library is (``$PHX_<NAME>_LIBRARY``
+  first; here the package's own ``libphxhostrt.so`` otherwise);
 * ``probe``: whether it can serve here, and if not precisely why; it never raises;
-* ``extra_protos`` and the three queries libcudart does not answer portably
-  (``device_name``, ``device_memory``, ``address_range``), then ``direct_capable``.
+* ``extra_protos`` and the queries libcudart does not answer portably (``device_name``,
+  ``device_memory``, ``address_range``); ``direct_capable`` for the direct path.
 
-The runtime here is phoenix's host runtime, its own library (``phoenix/_testing/hostrt/``:
-device memory is an arena of host memory that faults when freed, streams are ordered
-worker threads, the stream host callback is a queued C call), bound through the
-generated shim exactly as the NVIDIA port binds ``libcudart.so``.
+The runtime bound here is phoenix's host runtime, a library of its own built from
+``phoenix/_testing/hostrt/`` (device memory is an arena of host memory that faults when
+freed, streams are ordered worker threads, the stream host callback is a queued C call),
+found by path and bound through the generated shim as the NVIDIA port binds libcudart.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ PREFIX = "phxh"
 LIBRARY = "libphxhostrt.so"
 #: one exact host runtime library to load instead of the package's own
 LIBRARY_ENV = "PHX_HOST_LIBRARY"
+#: where the package build leaves the library: beside its sources
+PACKAGE_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(phoenix.__file__)), "_testing", "hostrt", LIBRARY)
 
 # Calls beyond the CUDA-shaped table: a device's name and memory size (libcudart answers
 # through cudaGetDeviceProperties, whose layout differs between runtimes and releases), the
@@ -48,10 +51,15 @@ EXTRA_PROTOS = [
 ]
 
 
-def find_library() -> str:
-    """``$PHX_HOST_LIBRARY``, else the library the package build put beside its sources."""
-    return os.environ.get(LIBRARY_ENV) or os.path.join(
-        os.path.dirname(os.path.abspath(phoenix.__file__)), "_testing", "hostrt", LIBRARY)
+def find_library() -> tuple[str | None, ctypes.CDLL | None, list[str]]:
+    """(path, handle, what was seen) of the runtime library: ``$PHX_HOST_LIBRARY``, else the package's."""
+    override = os.environ.get(LIBRARY_ENV)
+    what, path = (f"${LIBRARY_ENV}", override) if override else ("the package", PACKAGE_LIBRARY)
+    try:
+        handle = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)  # the shim binds it; this only looks
+    except OSError as exc:
+        return None, None, [f"{what}: {path} cannot be loaded ({exc})"]
+    return path, handle, [f"{what}: {path} (found)"]
 
 
 class Runtime(CudaLikeRuntime):
@@ -67,12 +75,10 @@ class Runtime(CudaLikeRuntime):
     def probe(cls) -> Probe:
         # Serves wherever the package is built. Counting devices also checks the settings
         # (PHX_HOST_DEVICES, PHX_HOST_DEVICE_MEMORY), which the runtime reads at first use.
-        path = find_library()
-        try:
-            lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
-        except OSError as exc:
-            return Probe(False, f"host reference runtime unavailable: {path} cannot be loaded ({exc}); "
-                                "build the package: pip install -e .")
+        path, lib, looked = find_library()
+        if lib is None:
+            return Probe(False, f"host reference runtime unavailable: {looked[-1]}; build the package "
+                                "(pip install -e .)", {"looked": looked})
         if not hasattr(lib, "phxhPhoenixTestDouble"):
             return Probe(False, f"{path} is not phoenix's host runtime (it has no phxhPhoenixTestDouble)")
         count = ctypes.c_int()
@@ -86,7 +92,7 @@ class Runtime(CudaLikeRuntime):
                      {"library": path, "devices": count.value})
 
     def library_path(self) -> str:
-        return find_library()
+        return self.probe().details["library"]
 
     def extra_protos(self) -> list[Proto]:
         return list(EXTRA_PROTOS)
