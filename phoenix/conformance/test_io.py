@@ -540,7 +540,7 @@ def test_io_keeps_order_with_callbacks(rt, mem, rng, engine, mode, tmp_path, che
     fd = os.open(path, os.O_RDONLY)
     try:
         shot = mem.keep(TestHostFn(kind=1, fd=fd, dst=addr(snap), size=n, offset=foff,
-                                       counter=ctypes.pointer(counter), seq=-1, result=-999))
+                                   counter=ctypes.pointer(counter), seq=-1, result=-999))
         # the pool for these settings is started and its bounce buffers pinned before the
         # stream is held: pinning (cudaHostRegister) may wait for busy streams, and this
         # test's gate keeps the stream busy until the caller goes on (see io.prepare)
