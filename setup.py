@@ -1,9 +1,10 @@
 """Build of the C core (``phoenix._phxcore``) and the package map.
 
-The C core (I/O engines, host reference runtime) is plain C11 + pthreads + Linux
-UAPI headers (io_uring through raw system calls), so ``pip install .`` needs only
-gcc and the Python headers. The library is loaded with ctypes; its tiny module init
-exists only so that the package build compiles it and the import system finds it.
+The C core (I/O engines) is plain C11 + pthreads + Linux UAPI headers (io_uring
+through raw system calls), so ``pip install .`` needs only gcc and the Python headers.
+The library is loaded with ctypes; its tiny module init exists only so that the
+package build compiles it and the import system finds it. Test doubles are not in it:
+the host reference runtime is its own library (below).
 
 ``vendors/`` and ``templates/`` sit at the top of the repository and are mapped into
 the package as ``phoenix.vendors`` and ``phoenix.templates``; every vendor directory
@@ -25,14 +26,20 @@ PHXFILE = "phoenix.lib.libphxfile"
 # `phx bench`, a plain shared library of the bench subpackage (loaded with ctypes by
 # phoenix/bench/raw.py), so that the core carries no benchmark symbol. Exact name, no PyInit_.
 PHXBENCH = "phoenix.bench.libphxbench"
-PLAIN_LIBS = (PHXFILE, PHXBENCH)
+# libphxhostrt.so (phoenix/_testing/hostrt/): the host reference runtime, a TEST DOUBLE
+# that vendors/host/runtime.py finds by path and binds like any vendor runtime; built
+# beside its sources the same way, so the C core holds no phxh* symbol. The emulator
+# builds the same hostrt.c with other prefixes from the shipped sources.
+HOSTRT = "phoenix._testing.hostrt.libphxhostrt"
+PLAIN_LIBRARIES = {PHXFILE, PHXBENCH, HOSTRT}  # exact file names lib<name>.so, no ABI tag, no PyInit_
 
 
 class BuildExt(build_ext):
     def get_ext_filename(self, fullname):
         parts = fullname.split(".")
-        if parts[-1] in [lib.rsplit(".", 1)[-1] for lib in PLAIN_LIBS]:  # asked with the full name and the last part
-            return os.path.join(*parts[:-1], parts[-1] + ".so")
+        for lib in PLAIN_LIBRARIES:  # asked with the full name and with the last part
+            if parts[-1] == lib.rsplit(".", 1)[-1]:
+                return os.path.join(*parts[:-1], parts[-1] + ".so")
         return super().get_ext_filename(fullname)
 
     def copy_extensions_to_source(self):  # editable / in-place: phoenix/lib may not exist yet
@@ -40,8 +47,8 @@ class BuildExt(build_ext):
         super().copy_extensions_to_source()
 
     def get_export_symbols(self, ext):
-        if ext.name in PLAIN_LIBS:
-            return []  # no PyInit_: a plain library (libphxfile's version script says what is exported)
+        if ext.name in PLAIN_LIBRARIES:
+            return []  # no PyInit_: a version script or static helpers say what is exported
         return super().get_export_symbols(ext)
 
 
@@ -64,6 +71,7 @@ setup(
     package_data={
         "phoenix": ["csrc/*.h", "csrc/*.c", "csrc/phxfile/*.c", "csrc/phxfile/*.h", "csrc/phxfile/*.map"],
         "phoenix.bench": ["*.c"],
+        "phoenix._testing": ["hostrt/*.c", "hostrt/*.h"],  # the emulator builds from these when installed
         "phoenix.vendors": ["*.md"],
         **{f"phoenix.vendors.{d}": ["*.c", "*.h", "*.md", "Kbuild", "Makefile"] for d in _subdirs("vendors")},
         "phoenix.templates": ["*.j2", "*.md"],
@@ -95,6 +103,14 @@ setup(
                                 "-Wno-unused-parameter"],
             extra_link_args=["-pthread", "-ldl", "-Wl,-soname,libphxfile.so",
                              "-Wl,--version-script=" + os.path.join(HERE, "phoenix", "csrc", "phxfile", "phxfile.map")],
+        ),
+        Extension(
+            HOSTRT,
+            sources=["phoenix/_testing/hostrt/hostrt.c", "phoenix/_testing/hostrt/phx_testing.c"],
+            depends=["phoenix/_testing/hostrt/hostrt.h", "phoenix/_testing/hostrt/phx_testing.h"],
+            include_dirs=["phoenix/_testing/hostrt"],
+            extra_compile_args=["-O2", "-std=gnu11", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            extra_link_args=["-pthread", "-Wl,-soname,libphxhostrt.so"],
         ),
     ],
     cmdclass={"build_ext": BuildExt},

@@ -1,8 +1,9 @@
-"""Loader of the C core library (``phoenix._phxcore``), shared by the I/O stack and the host vendor.
+"""Loader of the C core library (``phoenix._phxcore``): the I/O stack's, and its test hooks'.
 
-Control plane. The library is an extension module only so the package build compiles
-it and the import system locates it; it is used through ctypes (every ctypes call
-releases the GIL while it runs in C).
+Core side, control plane. The library is an extension module only so the package
+build compiles it and the import system locates it; it is used through ctypes (every
+ctypes call releases the GIL while it runs in C). It holds no vendor runtime: the host
+vendor binds its own library (``phoenix/_testing/hostrt/``) like any other port.
 """
 
 from __future__ import annotations

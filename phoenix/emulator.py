@@ -6,12 +6,12 @@ its devices are named "Phoenix emulated <prefix> device (test double)", it expor
 its directory holds ``EMULATED-RUNTIME.txt``, and ``phx-port test --emulated`` marks
 the report "emulated runtime (test double)".
 
-There is one emulator source: ``phoenix/csrc/hostrt.c``, the strict host runtime
-the host vendor binds (device memory that faults when freed, streams as ordered
-worker threads, CUDA's error numbers, strict copy kinds). Built with another symbol
-prefix and library name (``mc`` as ``libmcruntime.so``, ``cuda`` as a ``libcudart.so``
-stand-in, ``hip``, any other), it lets a port's shim run the conformance suite before
-hardware exists. The source ships in the package, so this works from an installed wheel.
+There is one emulator source: ``phoenix/_testing/hostrt/hostrt.c``, the strict host
+runtime the host vendor binds as ``libphxhostrt.so`` (device memory that faults when
+freed, streams as ordered worker threads, CUDA's error numbers, strict copy kinds).
+Built with another symbol prefix and library name (``mc`` as ``libmcruntime.so``,
+``cuda`` as a ``libcudart.so`` stand-in, ``hip``, any other), it lets a port's shim run
+the conformance suite before hardware exists. The source ships in the package, so this works from an installed wheel.
 
 How a vendor is pointed at an emulator (the convention ``phx-port test --emulated``
 and :func:`for_vendor` follow; generated ports follow it too):
@@ -83,8 +83,9 @@ class Emulator:
 
 
 def source_path() -> str:
-    """The emulator's C source: the host runtime shipped in the package (``phoenix/csrc/hostrt.c``)."""
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "hostrt.c")
+    """The emulator's C source: the host runtime shipped in the package (``phoenix/_testing/hostrt/hostrt.c``)."""
+    # a path, not an import: importing phoenix._testing would load its test hooks
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_testing", "hostrt", "hostrt.c")
 
 
 def compiler() -> str | None:

@@ -17,6 +17,7 @@ import pytest
 import phoenix.io as pio
 from phoenix import buffers as pb
 from phoenix import streams
+from phoenix._testing import TEST_HOSTFN, TestHostFn
 from phoenix.vendor import CopyKind
 
 
@@ -59,12 +60,12 @@ def test_a_vendor_without_events_is_synchronized(host_rt, tmp_path, mode):
         data.tofile(path)
         dst = host_rt.device_alloc(n)
         poison = np.full(n, 0xA5, np.uint8)
-        hold = pio.TestHostFn(kind=3, size=100_000)  # hold the stream 100 ms
+        hold = TestHostFn(kind=3, size=100_000)  # hold the stream 100 ms
         s = host_rt.stream_create()
         try:
             with ps.override(mode=mode), pio.open(path) as f:
                 for stream in (s, 0):
-                    host_rt.launch_host_func(stream, pio.TEST_HOSTFN, ctypes.addressof(hold))
+                    host_rt.launch_host_func(stream, TEST_HOSTFN, ctypes.addressof(hold))
                     host_rt.memcpy_async(dst, poison.ctypes.data, n, CopyKind.HOST_TO_DEVICE, stream)
                     assert (f.read((dst, n), stream=s) if stream else f.read((dst, n))) == n
                     host_rt.stream_synchronize(stream)

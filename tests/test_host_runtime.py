@@ -1,4 +1,4 @@
-"""The host reference runtime (phoenix/csrc/hostrt.c) through its port (vendors/host/runtime.py).
+"""The host reference runtime (phoenix/_testing/hostrt/hostrt.c) through its port (vendors/host/runtime.py).
 
 Strictness is the point of a test double: every copy is checked byte for byte against
 random data with poisoned destinations, every refusal must leave the destination
@@ -22,7 +22,6 @@ import time
 import numpy as np
 import pytest
 
-from phoenix._core import core
 from phoenix.errors import VendorError
 from phoenix.vendor import DATA_PATH_ABI, CopyKind, DataPathTable, MemoryType
 from phoenix.vendors.host.runtime import Runtime
@@ -135,7 +134,7 @@ def test_devices(rt):
 
 
 def test_error_names_strings_and_last_error(rt):
-    lib = core()
+    lib = ctypes.CDLL(rt.rt.library)  # the library the port bound, with symbols of its own
     lib.phxhGetErrorName.restype = lib.phxhGetErrorString.restype = ctypes.c_char_p
     assert lib.phxhGetErrorName(1) == b"phxhErrorInvalidValue"
     assert lib.phxhGetErrorString(1) == b"invalid argument"
@@ -587,7 +586,7 @@ def test_data_path_table_is_the_runtime_c_functions(rt, rng):
     assert isinstance(table, DataPathTable) and table.missing() == []
     assert (table.abi_version, table.success) == (DATA_PATH_ABI, 0)
     assert (table.kind_h2h, table.kind_h2d, table.kind_d2h, table.kind_d2d) == (0, 1, 2, 3)
-    lib = core()
+    lib = ctypes.CDLL(rt.rt.library)  # the library the port bound, with symbols of its own
     for field, symbol in [
         ("set_device", "phxhSetDevice"),
         ("memcpy_async", "phxhMemcpyAsync"),

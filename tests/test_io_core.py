@@ -17,6 +17,7 @@ from _devmem import POISON, check_extent  # tests/_devmem.py
 
 import phoenix.io as pio
 import phoenix.settings as ps
+from phoenix._testing import inject_fault
 from phoenix.errors import PhxIOError
 
 ENGINES = ["io_uring", "threads"]
@@ -215,14 +216,14 @@ def test_eio_in_one_chunk_fails_the_request(rt, engine, mode, dev, tmp_path):
     path.write_bytes(rand(1 << 20, 2).tobytes())
     with ps.override(chunk_size="64K"):
         with pio.open(path, "r") as f:
-            f._inject_fault(300_000, 10, errno.EIO)
+            inject_fault(f, 300_000, 10, errno.EIO)
             d = dev(1 << 20)
             with pytest.raises(PhxIOError) as ei:
                 f.read(d.buf())
             assert ei.value.errno == errno.EIO
             assert ei.value.offset == 0 and ei.value.length == 1 << 20
             assert "262144" in str(ei.value)  # the failing chunk [256K, 320K)
-            f._inject_fault(0, 0, 0)
+            inject_fault(f, 0, 0, 0)
             assert f.read(d.buf()) == 1 << 20
 
 
@@ -234,7 +235,7 @@ def test_batch_failed_request_fails_alone(rt, engine, mode, dev, tmp_path):
     d = dev(n * k)
     d.poison()
     with pio.open(path, "r") as f:
-        f._inject_fault(5 * n + 100, 1, errno.EIO)
+        inject_fault(f, 5 * n + 100, 1, errno.EIO)
         reqs = [(f, d.buf(), n, i * n, i * n, "read") for i in range(k)]
         reqs.append((f, d.buf(), n, 0, n * k - 10, "read"))  # runs past the buffer: EFAULT
         results = pio.batch(reqs)
@@ -311,7 +312,7 @@ def test_direct_refused_at_first_io_falls_back(rt, engine, mode, dev, tmp_path):
     with pio.open(path, "w+") as f:
         if not f.info()["direct"]:
             pytest.skip("no O_DIRECT on this file system")
-        f._inject_fault(0, 1 << 40, errno.EINVAL)  # "O_DIRECT refused at the first I/O"
+        inject_fault(f, 0, 1 << 40, errno.EINVAL)  # "O_DIRECT refused at the first I/O"
         before = pio.stats()["direct_fallbacks"]
         assert f.write(src.buf()) == n
         info = f.info()

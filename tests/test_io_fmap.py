@@ -18,6 +18,7 @@ from _devmem import POISON, Dev, check_extent  # tests/_devmem.py
 
 import phoenix.io as pio
 import phoenix.settings as ps
+from phoenix._testing import TEST_HOSTFN, TestHostFn, inject_fault
 from phoenix.vendor import CopyKind
 
 W = 2 << 20
@@ -268,7 +269,7 @@ def test_not_for_host_memory_direct_files_or_faults(rt, dev, tmp_path):
         except OSError:
             pass  # no O_DIRECT on this file system
         with pio.open(path) as f:
-            f._inject_fault(0, 100, 5)  # EIO: the fault must still be seen
+            inject_fault(f, 0, 100, 5)  # EIO: the fault must still be seen
             with pytest.raises(OSError):
                 f.read(d.buf())
             assert pio.fmap_info()["windows"] == 0
@@ -399,11 +400,11 @@ def test_registration_waits_until_the_context_is_idle(rt, dev, tmp_path):
     d, e = dev(size), dev(size)
     s = rt.stream_create(0)
     gate = ctypes.c_int64(0)
-    hold = pio.TestHostFn(kind=2, src=ctypes.addressof(gate), seq=-1, result=-999)
+    hold = TestHostFn(kind=2, src=ctypes.addressof(gate), seq=-1, result=-999)
     seen = []
     try:
         with fmap(fmap_mode="auto"), pio.open(path) as f:
-            rt.launch_host_func(s, pio.TEST_HOSTFN, ctypes.addressof(hold))
+            rt.launch_host_func(s, TEST_HOSTFN, ctypes.addressof(hold))
             try:
                 r = f.read_async(e.buf(), size, 0, 0, s)  # in flight behind the gate
                 assert f.read(d.buf(), size, 0, 0) == size  # a miss: its windows are queued

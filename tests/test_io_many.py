@@ -12,6 +12,7 @@ from _devmem import POISON  # tests/_devmem.py
 
 import phoenix.io as pio
 import phoenix.settings as ps
+from phoenix._testing import inject_fault
 from phoenix.errors import PhxIOError
 
 FILE_SIZE = 3 << 20
@@ -159,9 +160,9 @@ def test_failed_extent_fails_alone(rt, engine, dev, data_file):
     fo[17] = 2_000_000
     d = dev(int(sz.sum()))
     with pio.open(path, "r") as f:
-        f._inject_fault(2_000_000, 1, errno.EIO)
+        inject_fault(f, 2_000_000, 1, errno.EIO)
         got = f.read_many(d.buf(), fo, sz, check=False)
-        f._inject_fault(0, 0, 0)
+        inject_fault(f, 0, 0, 0)
     bad = {i for i, o in enumerate(fo) if o <= 2_000_000 < o + sz[i]}
     assert 17 in bad
     for i in range(50):

@@ -1,6 +1,6 @@
 """Stream-ordered I/O (read_async / write_async) in every engine and mode.
 
-Ordering is observed with C host callbacks (``phx_io_test_hostfn``) and the vendor's
+Ordering is observed with C host callbacks (``phx_testing_hostfn``, phoenix._testing) and the vendor's
 copies queued on the same stream: no Python runs on the stream, so what the callbacks
 record is what the stream did.
 """
@@ -18,6 +18,7 @@ import pytest
 import phoenix.io as pio
 import phoenix.settings as ps
 from phoenix._core import core_path
+from phoenix._testing import TEST_HOSTFN, TestHostFn, inject_fault
 from phoenix.errors import PhxIOError
 from phoenix.vendor import CopyKind
 
@@ -79,9 +80,9 @@ class HostFns:
         self.args = []
 
     def _queue(self, stream, **kw):
-        a = pio.TestHostFn(counter=ctypes.pointer(self.counter), seq=-1, result=-999, **kw)
+        a = TestHostFn(counter=ctypes.pointer(self.counter), seq=-1, result=-999, **kw)
         self.args.append(a)
-        self.rt.launch_host_func(stream, pio.TEST_HOSTFN, ctypes.addressof(a))
+        self.rt.launch_host_func(stream, TEST_HOSTFN, ctypes.addressof(a))
         return a
 
     def snapshot_mem(self, stream, dst, src, n):
@@ -248,7 +249,7 @@ def test_errors_are_late_negative_errno(rt, engine, mode, stream, devmem, tmp_pa
         with pytest.raises(PhxIOError) as ei:
             op.result()
         assert ei.value.errno == errno.EBADF and ei.value.path == str(path)
-        f._inject_fault(4096, 1, errno.EIO)
+        inject_fault(f, 4096, 1, errno.EIO)
         op = f.read_async((d, 8192), 8192, 0, 0, stream)
         rt.stream_synchronize(stream)
         assert op.bytes_done == -errno.EIO

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from phoenix import phxloader
+from phoenix._testing import inject_fault
 from phoenix.errors import PhxIOError
 
 try:
@@ -256,7 +257,7 @@ def test_failed_read_raises_after_everything_landed(tmp_path, monkeypatch):
 
     def faulty_open(path, *a, **kw):
         f = real_open(path, *a, **kw)
-        f._inject_fault(700_000, 1, errno.EIO)
+        inject_fault(f, 700_000, 1, errno.EIO)
         return f
 
     monkeypatch.setattr(pio, "open", faulty_open)

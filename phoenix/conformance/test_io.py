@@ -41,6 +41,7 @@ import pytest
 
 import phoenix.io as pio
 import phoenix.settings as ps
+from phoenix._testing import TEST_HOSTFN, TestHostFn
 from phoenix.errors import PhxIOError
 
 from .plugin import (
@@ -538,8 +539,8 @@ def test_io_keeps_order_with_callbacks(rt, mem, rng, engine, mode, tmp_path, che
     fill = chelper.task(src=src, dst=h, n=n)
     fd = os.open(path, os.O_RDONLY)
     try:
-        shot = mem.keep(pio.TestHostFn(kind=1, fd=fd, dst=addr(snap), size=n, offset=foff,
-                                       counter=ctypes.pointer(counter), seq=-1, result=-999))
+        shot = mem.keep(TestHostFn(kind=1, fd=fd, dst=addr(snap), size=n, offset=foff,
+                                   counter=ctypes.pointer(counter), seq=-1, result=-999))
         # the pool for these settings is started and its bounce buffers pinned before the
         # stream is held: pinning (cudaHostRegister) may wait for busy streams, and this
         # test's gate keeps the stream busy until the caller goes on (see io.prepare)
@@ -550,7 +551,7 @@ def test_io_keeps_order_with_callbacks(rt, mem, rng, engine, mode, tmp_path, che
                 launch(s, chelper.fn, fill.address)
                 rt.memcpy_async(a, h, n, H2D, s)
                 w = f.write_async((a, n), n, foff, 0, s)
-                launch(s, pio.TEST_HOSTFN, ctypes.addressof(shot))
+                launch(s, TEST_HOSTFN, ctypes.addressof(shot))
                 r = f.read_async((b, n), n, foff, 0, s)
                 rt.memcpy_async(y, b, n, D2H, s)
                 time.sleep(0.05)

@@ -1,8 +1,9 @@
 /* The host reference runtime: a strict CUDA-shaped runtime on host memory (a TEST DOUBLE).
  *
- * Vendor side, both planes: vendors/host/runtime.py binds these calls through the
- * generated shim (control plane) and hands the I/O core their raw addresses (data
- * path). hostrt.h is the spec; this file says how.
+ * Test side (a vendor runtime's test double, outside the C core), both planes:
+ * vendors/host/runtime.py binds these calls through the generated shim (control plane)
+ * and hands the I/O core their raw addresses (data path). hostrt.h is the spec; this
+ * file says how. setup.py builds it as its own library, libphxhostrt.so, beside it.
  *
  * Self-contained on purpose (libc + pthreads only, no Python, no other phoenix C
  * file, every helper static), so the same source builds a CUDA-shaped emulator with
@@ -61,7 +62,7 @@
 #ifdef PHXRT_EMULATOR
 #define DEVICE_NAME "Phoenix emulated " PREFIX_STR " device (test double)"
 #define TEST_DOUBLE_INFO "phoenix emulated runtime (test double): CUDA-shaped, prefix " PREFIX_STR \
-    ", host memory as device memory, built from phoenix/csrc/hostrt.c"
+    ", host memory as device memory, built from phoenix/_testing/hostrt/hostrt.c"
 #else
 #define DEVICE_NAME "Phoenix host reference device (test double)"
 #define TEST_DOUBLE_INFO "phoenix host reference runtime (test double): CUDA-shaped, prefix " PREFIX_STR \

@@ -1,8 +1,9 @@
 /* The host reference runtime: a CUDA-shaped device runtime on host memory.
  *
- * A TEST DOUBLE. It is what vendors/host/runtime.py binds (through the same
- * generated ctypes shim a real port uses for libcudart), so the whole stack and the
- * conformance suite run on a CPU-only machine. It is strict, like a real runtime:
+ * Test side (a vendor runtime's test double, outside the C core): the spec of
+ * libphxhostrt.so. A TEST DOUBLE. It is what vendors/host/runtime.py binds (through
+ * the same generated ctypes shim a real port uses for libcudart), so the whole stack
+ * and the conformance suite run on a CPU-only machine. It is strict, like a real runtime:
  *
  *   - "Device memory" comes from a per-device arena: a large PROT_NONE reservation;
  *     an allocation is made readable/writable, a free makes it PROT_NONE again, so a
