@@ -204,21 +204,6 @@ class _Stats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in _STAT_FIELDS]
 
 
-class TestHostFn(ctypes.Structure):
-    """``struct phx_test_hostfn``: arguments of the C test callback ``phx_io_test_hostfn``."""
-
-    _fields_ = [
-        ("kind", ctypes.c_int32),
-        ("fd", ctypes.c_int32),
-        ("dst", ctypes.c_uint64),
-        ("src", ctypes.c_uint64),
-        ("size", ctypes.c_uint64),
-        ("offset", ctypes.c_int64),
-        ("counter", ctypes.POINTER(ctypes.c_int64)),
-        ("seq", ctypes.c_int64),
-        ("result", ctypes.c_int64),
-    ]
-
 
 _P = ctypes.c_void_p
 
@@ -237,7 +222,6 @@ def _bind():
         "phx_file_fsync": (ctypes.c_int, [_P]),
         "phx_file_size": (ctypes.c_int64, [_P]),
         "phx_file_query": (ctypes.c_int, [_P, ctypes.POINTER(_FileInfo)]),
-        "phx_file_inject_fault": (ctypes.c_int, [_P, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int]),
         "phx_cache_probe_works": (ctypes.c_int, [_P]),
         "phx_submit": (ctypes.c_int, [_P, ctypes.POINTER(_Desc), ctypes.c_uint32, ctypes.POINTER(_P)]),
         "phx_req_wait": (ctypes.c_int, [_P, ctypes.c_int64]),
@@ -276,9 +260,6 @@ def _bind():
 
 
 _lib = _bind()
-
-#: address of the C test callback (tests queue it with the vendor's launch_host_func)
-TEST_HOSTFN = ctypes.cast(_lib.phx_io_test_hostfn, ctypes.c_void_p).value
 
 
 def _strerror(rc: int) -> str:
@@ -961,14 +942,6 @@ class PhxFile:
             self._leave()
         if rc < 0:
             raise PhxIOError(-rc, self.path, 0, 0, "fsync")
-
-    def _inject_fault(self, offset: int, length: int, err: int) -> None:
-        """Test hook: chunks overlapping [offset, offset+length) fail with errno ``err`` (0 clears)."""
-        h = self._enter()
-        try:
-            _lib.phx_file_inject_fault(h, offset, length, err)
-        finally:
-            self._leave()
 
     # -- I/O -----------------------------------------------------------------------------------
 
