@@ -210,7 +210,7 @@ class PhxFile:
         """Read ``size`` bytes (default: to the end of ``buf``) at ``file_offset`` into
         ``buf`` at ``buf_offset``; returns an :class:`IOFuture` of the byte count.
         Ordered after the caller's stream (``stream``: see "Ordering with the caller's
-        stream" above); the bytes are in place once the future is done."""
+        stream" in :mod:`phoenix.io`); the bytes are in place once the future is done."""
         return self._submit(OP_READ, buf, size, file_offset, buf_offset, stream)
 
     def pwrite(self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0, *,
