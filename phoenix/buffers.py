@@ -1,8 +1,8 @@
 """Buffer adaptation: any array-like -> (address, size in bytes, where it lives).
 
-Control plane. The I/O stack moves bytes between a file and one contiguous extent of
-memory; this module finds that extent in what a user hands in, without copying and
-without importing any array library:
+Core side, control plane. The I/O stack moves bytes between a file and one contiguous
+extent of memory; this module finds that extent in what a user hands in, without
+copying and without importing any array library:
 
 ================================  ==========================================================
 what                              how

@@ -1,8 +1,8 @@
 """The boundary into C: every integer and path the Python API hands to the C core, checked once.
 
-Control plane. ctypes converts silently (``2**64`` becomes 0 in a 64-bit field, a path is
-cut at its first NUL), so each value is checked here before it can cross: integers must
-be integers (``int``, NumPy integers, anything with ``__index__``; not ``bool``, not
+Core side, control plane. ctypes converts silently (``2**64`` becomes 0 in a 64-bit
+field, a path is cut at its first NUL), so each value is checked here before it can
+cross: integers must be integers (``int``, NumPy integers, anything with ``__index__``; not ``bool``, not
 floats or strings) and inside the range the core takes; paths go through
 ``os.fsencode`` and must not hold a NUL. A wrong type is a ``TypeError``, a value out of
 range an :class:`ArgumentError` (a ``ValueError`` and a :class:`~phoenix.errors.PhxIOError`
@@ -52,6 +52,50 @@ def extent(size, file_offset, buf_offset, path, what: str) -> tuple[int | None, 
         raise ArgumentError(_errno.EINVAL, path, foff, n,
                             f"{what}: the extent ends past 2**63-1, the largest file offset")
     return n, foff, boff
+
+
+def extent_arrays(file_offsets, sizes, buf_offsets, path, what: str):
+    """(file offsets, sizes, buffer offsets) of a gather or scatter as int64 arrays of one
+    length, checked as :func:`extent` checks one (``sizes`` may be one number for all;
+    ``buf_offsets`` None: packed in order)."""
+    import numpy as np
+
+    def arr(x, name):
+        a = np.asarray(x)
+        if a.size == 0:
+            a = a.astype(np.int64)  # [] is float64 to NumPy
+        if a.dtype.kind not in "iu" or a.ndim > 1:
+            raise TypeError(f"{what}: {name} must be integers from 0 to 2**63-1 (a sequence or a 1-D integer array), "
+                            f"got {a.dtype} {a.shape}")
+        if a.dtype.kind == "u" and a.size and int(a.max()) > I64_MAX:
+            raise ArgumentError(_errno.EINVAL, path, 0, 0, f"{what}: {name} holds a value past 2**63-1")
+        return a.astype(np.int64, copy=False)
+
+    fo = arr(file_offsets, "file_offsets").ravel()
+    n = fo.size
+    sz = arr(sizes, "sizes")
+    if sz.ndim == 0:
+        sz = np.full(n, int(sz), np.int64)
+    if sz.size != n:
+        raise ValueError(f"{what}: {n} file offsets but {sz.size} sizes")
+    if buf_offsets is None:
+        bo = np.zeros(n, np.int64)
+        np.cumsum(sz[:-1], out=bo[1:])
+    else:
+        bo = arr(buf_offsets, "buf_offsets").ravel()
+        if bo.size != n:
+            raise ValueError(f"{what}: {n} file offsets but {bo.size} buffer offsets")
+    for a, name in ((fo, "file offset"), (sz, "size"), (bo, "buffer offset")):
+        neg = np.flatnonzero(a < 0)
+        if neg.size:
+            k = int(neg[0])
+            raise ArgumentError(_errno.EINVAL, path, int(fo[k]), int(sz[k]), f"{what}: extent {k}: negative {name}")
+    past = np.flatnonzero(fo > I64_MAX - sz)  # (no int64 overflow: both are >= 0)
+    if past.size:
+        k = int(past[0])
+        raise ArgumentError(_errno.EINVAL, path, int(fo[k]), int(sz[k]),
+                            f"{what}: extent {k} ends past 2**63-1, the largest file offset")
+    return fo, sz, bo
 
 
 def raw_buffer(ptr, nbytes) -> tuple[int, int]:

@@ -1,6 +1,6 @@
 """Phoenix's exceptions: one hierarchy, every error says what failed and where.
 
-Control-plane module. Vendor runtimes raise :class:`VendorError` (through the
+Core side, control plane. Vendor runtimes raise :class:`VendorError` (through the
 generated shims); the I/O stack raises :class:`PhxIOError`, an ``OSError`` that
 names the file, the offset and the length of the extent that failed.
 """
@@ -46,14 +46,14 @@ class VendorUnavailable(PhxError):
 
 
 class UnknownVendorError(PhxError, LookupError):
-    """``PHX_VENDOR`` (or a ``vendor=`` argument) names no installed vendor."""
+    """The ``vendor`` setting (``PHX_VENDOR``), or a name given in code, names no installed vendor."""
 
     def __init__(self, name: str, installed: list[str]):
         self.requested = name
         self.installed = list(installed)
         super().__init__(
             f"unknown vendor {name!r}; installed vendors: {', '.join(self.installed) or '(none)'}"
-            " (set PHX_VENDOR to one of them, or to 'auto')"
+            " (set PHX_VENDOR, the vendor setting, to one of them, or to 'auto')"
         )
 
 

@@ -1,6 +1,12 @@
-"""Vendor discovery and run-time selection (``PHX_VENDOR``).
+"""Vendor discovery and run-time selection: the registry resolves the ``vendor`` setting.
 
-Control plane. Vendors are found, never listed:
+Core side, control plane. There is one way to select a vendor: the ``vendor`` setting of
+:mod:`phoenix.settings`, read from ``PHX_VENDOR`` and overridable like every other
+setting (``settings.override(vendor="host")``, ``settings.set(vendor=...)``). The
+registry turns its value into a runtime (:func:`get_runtime`); :func:`use_vendor` and
+:func:`use_runtime` are thin wrappers over the setting, kept for tests and scripts.
+
+Vendors are found, never listed:
 
 * in-tree: every directory ``vendors/<name>/`` with a ``runtime.py`` (installed as
   ``phoenix.vendors.<name>``);
@@ -9,10 +15,11 @@ Control plane. Vendors are found, never listed:
 * extra directories in ``PHX_VENDOR_PATH`` (``dir1:dir2``), each holding
   ``<name>/runtime.py``: for a port under development and for tests.
 
-So adding a vendor edits nothing outside its own directory. ``PHX_VENDOR=auto``
-(the default) probes every real vendor and falls back to the ``host`` reference
-vendor; the selection records why it chose and why it skipped each other vendor.
-A vendor whose module fails to import is reported with its error and does not
+So adding a vendor edits nothing outside its own directory. ``auto`` (the default)
+probes the vendors in the order of their ``auto_priority`` (a class attribute of the
+port: higher first; 0 is never chosen by ``auto``) and falls back to the ``host``
+reference vendor; the selection records why it chose and why it skipped each other
+vendor. A vendor whose module fails to import is reported with its error and does not
 stop the others.
 """
 
@@ -27,13 +34,18 @@ import threading
 import traceback
 from dataclasses import dataclass, field
 
+from . import settings as _settings
 from .errors import UnknownVendorError, VendorUnavailable
 from .vendor import Probe, VendorRuntime
 
-#: the reference vendor `auto` falls back to
+#: the reference vendor `auto` falls back to (always installed: it makes the rest testable)
 FALLBACK = "host"
-#: probe order of `auto` for the vendors it knows; others follow alphabetically
-PREFERRED = ("nvidia", "metax")
+
+# The order `auto` had before ports declared ``auto_priority``: what a port without the
+# attribute gets until phoenix.vendor.VendorRuntime declares it (then ``cls.auto_priority``
+# is read plainly and this table goes).
+_UNDECLARED_PRIORITY = {"nvidia": 100, "metax": 80}
+_UNDECLARED_DEFAULT = 10
 
 
 @dataclass
@@ -141,13 +153,38 @@ class Selection:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
+def auto_priority(entry: VendorEntry) -> int:
+    """Where ``auto`` probes a vendor: its class's ``auto_priority`` (higher first; 0:
+    only chosen by name); -1 for a vendor that does not import (recorded, never probed)."""
+    cls = entry.load()
+    if cls is None:
+        return -1
+    return int(getattr(cls, "auto_priority", _UNDECLARED_PRIORITY.get(entry.name, _UNDECLARED_DEFAULT)))
+
+
+def auto_order(vendors: dict[str, VendorEntry]) -> list[str]:
+    """The vendors ``auto`` considers, in probe order (priority, then name); not the fallback."""
+    names = [n for n in vendors if n != FALLBACK]
+    return sorted(names, key=lambda n: (-auto_priority(vendors[n]), n))
+
+
+def _setting_source() -> str:
+    where = _settings.source_of("vendor")
+    return "PHX_VENDOR" if where in ("environment", "default") else f"the vendor setting ({where})"
+
+
 def select(name: str | None = None, vendors: dict[str, VendorEntry] | None = None) -> Selection:
-    """Choose a vendor by name, or by probing (``auto``); ``name`` defaults to ``PHX_VENDOR``.
+    """Choose a vendor by name, or by probing (``auto``); ``name`` defaults to the
+    ``vendor`` setting (``PHX_VENDOR``).
 
     Raises UnknownVendorError for a name that is not installed, VendorUnavailable if
     the named vendor fails to import or its probe says it cannot serve.
     """
-    requested = (name or os.environ.get("PHX_VENDOR") or "auto").strip()
+    requested = (name or "").strip() or _settings.effective("vendor")
+    return _select(requested, "caller" if name else _setting_source(), vendors)
+
+
+def _select(requested: str, by: str, vendors: dict[str, VendorEntry] | None) -> Selection:
     vendors = discover() if vendors is None else vendors
     if requested != "auto":
         entry = vendors.get(requested)
@@ -159,18 +196,19 @@ def select(name: str | None = None, vendors: dict[str, VendorEntry] | None = Non
         probe = entry.probe()
         if not probe.usable:
             raise VendorUnavailable(f"vendor {requested!r} cannot serve here: {probe.reason}")
-        return Selection(requested, cls, requested, f"requested by {'PHX_VENDOR' if not name else 'caller'}")
+        return Selection(requested, cls, requested, f"requested by {by}")
 
-    order = [n for n in PREFERRED if n in vendors]
-    order += [n for n in vendors if n not in order and n != FALLBACK]
     skipped: dict[str, str] = {}
-    for candidate in order:
+    for candidate in auto_order(vendors):
         entry = vendors[candidate]
         if entry.load() is None:
             skipped[candidate] = entry.error or "import failed"
             continue
         if entry.is_test_double:
             skipped[candidate] = "test double: only chosen by name"
+            continue
+        if auto_priority(entry) <= 0:
+            skipped[candidate] = "auto_priority 0: only chosen by name"
             continue
         probe = entry.probe()
         if probe.usable:
@@ -183,25 +221,38 @@ def select(name: str | None = None, vendors: dict[str, VendorEntry] | None = Non
 
 
 _lock = threading.Lock()
-_current: tuple[str, VendorRuntime, Selection] | None = None
+_current: tuple[str, VendorRuntime, Selection] | None = None  # (requested, runtime, selection)
+_adopted: VendorRuntime | None = None  # use_runtime()'s: served for its name, never closed here
+_adopted_layer = None  # the settings override use_runtime() holds
 
 
 def get_runtime(name: str | None = None) -> VendorRuntime:
     """The process-wide runtime of the selected vendor (created on first use).
 
-    ``name`` (or ``PHX_VENDOR``) may change between calls; a different choice
-    closes the previous runtime and creates the new one.
+    The vendor is the ``vendor`` setting's (``PHX_VENDOR``, ``settings.override(vendor=...)``);
+    ``name`` asks for one vendor without changing the setting (tests, tools). The choice
+    may change between calls; a different one closes the previous runtime and creates the
+    new one.
     """
+    name = (name or "").strip()
+    return resolve(name or _settings.effective("vendor"), "caller" if name else None)
+
+
+def resolve(vendor: str, by: str | None = None) -> VendorRuntime:
+    """The runtime for a value of the ``vendor`` setting (what the I/O stack calls with
+    the settings it submits with); ``by`` says who asked, for the selection's reason."""
     global _current
-    requested = (name or os.environ.get("PHX_VENDOR") or "auto").strip()
     with _lock:
-        if _current is not None and _current[0] == requested:
+        adopted = _adopted
+        if adopted is not None and adopted.name == vendor:
+            return adopted
+        if _current is not None and _current[0] == vendor:
             return _current[1]
-        sel = select(requested)
+        sel = _select(vendor, by or _setting_source(), None)
         rt = sel.runtime_cls()
         if _current is not None:
             _current[1].close()
-        _current = (requested, rt, sel)
+        _current = (vendor, rt, sel)
         return rt
 
 
@@ -211,9 +262,32 @@ def current_selection() -> Selection | None:
 
 
 def use_vendor(name: str) -> VendorRuntime:
-    """Select a vendor in code (same as ``PHX_VENDOR=name``) and return its runtime."""
-    os.environ["PHX_VENDOR"] = name
-    return get_runtime(name)
+    """Select a vendor in code and return its runtime: ``settings.set(vendor=name)``, then
+    :func:`get_runtime`. A thin wrapper over the setting, kept for tests and scripts; it
+    writes no environment variable (a child process sees ``PHX_VENDOR`` as it was)."""
+    _settings.set(vendor=name)
+    return get_runtime()
+
+
+def use_runtime(runtime: VendorRuntime | None) -> None:
+    """Make a runtime the caller built (or wrapped) the one the ``vendor`` setting selects;
+    None undoes it.
+
+    A thin wrapper over the setting, kept for tests and for programs that build their
+    runtime themselves: it holds ``settings.override(vendor=runtime.name)`` until the next
+    call, and :func:`resolve` serves this instance for that name. The registry never
+    closes it: the caller owns it.
+    """
+    global _adopted, _adopted_layer
+    with _lock:
+        layer, _adopted_layer = _adopted_layer, None
+        _adopted = runtime
+        if layer is not None:
+            layer.__exit__(None, None, None)
+        if runtime is not None:
+            layer = _settings.override(vendor=runtime.name)
+            layer.__enter__()
+            _adopted_layer = layer
 
 
 def reset() -> None:
@@ -223,3 +297,12 @@ def reset() -> None:
         if _current is not None:
             _current[1].close()
         _current = None
+
+
+def __getattr__(name):
+    if name == "PREFERRED":
+        # kept for a test: the vendors `auto` probes before a port that declares no priority
+        vendors = discover()
+        default = getattr(VendorRuntime, "auto_priority", _UNDECLARED_DEFAULT)
+        return tuple(n for n in auto_order(vendors) if auto_priority(vendors[n]) > default)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,10 +1,17 @@
 """Settings of the I/O stack: read from the environment, overridable in a ``with`` block.
 
-Control plane. Every setting lives in this one table:
+Core side, control plane. Every setting lives in this one table:
 
 =======================  ============================  =========  =====================================================
 setting                  environment                   default    meaning
 =======================  ============================  =========  =====================================================
+``vendor``               ``PHX_VENDOR``                auto       the vendor runtime the I/O stack uses: a name
+                                                                  (``host``, ``nvidia``, ``metax``, a port's) or
+                                                                  ``auto`` (the usable vendor of highest
+                                                                  ``auto_priority``, else ``host``). The one way to
+                                                                  select a vendor; :mod:`phoenix.registry` resolves
+                                                                  it (an unknown name is an error listing the
+                                                                  installed ones).
 ``threads``              ``PHX_THREADS``               min(16,    I/O worker threads. io_uring engine: one ring per
                                                        max(4,     worker; threads engine: one pread/pwrite in flight
                                                        cores))    per worker. More workers copy cached (warm) data in
@@ -49,8 +56,10 @@ setting                  environment                   default    meaning
                                                                   ``off``: never.
 ``fmap_window``          ``PHX_FMAP_WINDOW``           1G         bytes per mapping window (aligned in file offsets,
                                                                   a multiple of 2M): the unit of registration.
-``fmap_register_flags``  ``PHX_FMAP_REGISTER_FLAGS``   9          host_register flags for the mappings: CUDA's
-                                                                  portable (1) | read-only (8); a refusal is retried
+``fmap_register_flags``  ``PHX_FMAP_REGISTER_FLAGS``   vendor     host_register flags for the mappings. ``vendor``:
+                                                                  the vendor's own registration flags with its
+                                                                  read-only flag (CUDA: portable 1 | read-only 8);
+                                                                  a number is passed as is. A refusal is retried
                                                                   without read-only, then the window is never retried.
 =======================  ============================  =========  =====================================================
 
@@ -65,12 +74,14 @@ Use::
     with ps.override(threads=8, chunk_size="16M"):
         ...                             # I/O submitted here uses 8 workers, 16 MiB chunks
     ps.set(mode="staged")               # process-wide, until changed again
+    with ps.override(vendor="host"):    # the vendor, like any other setting
+        ...
 
 Overrides are process-wide (like KvikIO's ``kvikio.defaults.set``), nest, and are undone
 at the end of the ``with`` block. Requests already submitted keep the settings they were
-submitted with; a change of threads, queue depth, chunk size, pool size, engine or an
-``fmap_*`` setting starts a new worker pool (with an empty file-mapping cache) for the
-requests that follow (the old one finishes its work and exits).
+submitted with; a change of vendor, threads, queue depth, chunk size, pool size, engine
+or an ``fmap_*`` setting starts a new worker pool (with an empty file-mapping cache) for
+the requests that follow (the old one finishes its work and exits).
 """
 
 from __future__ import annotations
@@ -90,6 +101,7 @@ FMAP_MODES = ("auto", "off", "sync")
 
 #: setting name -> environment variable
 ENV = {
+    "vendor": "PHX_VENDOR",
     "threads": "PHX_THREADS",
     "chunk_size": "PHX_CHUNK_SIZE",
     "queue_depth": "PHX_QUEUE_DEPTH",
@@ -116,6 +128,7 @@ def _default_fmap_cache() -> int:
 
 
 DEFAULTS = {
+    "vendor": "auto",
     "threads": _default_threads(),
     "chunk_size": 8 << 20,
     "queue_depth": 32,
@@ -125,7 +138,7 @@ DEFAULTS = {
     "fmap_cache": _default_fmap_cache(),
     "fmap_mode": "auto",
     "fmap_window": 1 << 30,
-    "fmap_register_flags": 9,
+    "fmap_register_flags": "vendor",  # resolved per runtime by phoenix._engine.fmap_register_flags
 }
 
 
@@ -133,6 +146,7 @@ DEFAULTS = {
 class Settings:
     """One consistent set of values (what a request is submitted with)."""
 
+    vendor: str
     threads: int
     chunk_size: int
     queue_depth: int
@@ -142,17 +156,26 @@ class Settings:
     fmap_cache: int
     fmap_mode: str
     fmap_window: int
-    fmap_register_flags: int
+    fmap_register_flags: int | str  #: a number, or "vendor"
 
     def pool_key(self) -> tuple:
-        """The values a worker pool is built with (mode is per request). The file-mapping
-        cache belongs to the pool: changing its settings starts a new one (empty)."""
+        """The values a worker pool is built with (mode is per request; the vendor's runtime
+        is a key of its own, see :mod:`phoenix._engine`). The file-mapping cache belongs to
+        the pool: changing its settings starts a new one (empty)."""
         return (self.threads, self.chunk_size, self.queue_depth, self.bounce_pool_size, self.engine,
                 self.fmap_cache, self.fmap_mode, self.fmap_window, self.fmap_register_flags)
 
 
 def _check(name: str, value, source: str):
     """Validate and normalize one value; ValueError naming the setting and where it came from."""
+    if name == "vendor":
+        # any name: whether it is installed is the registry's to say (UnknownVendorError)
+        text = value.strip() if isinstance(value, str) else ""
+        if not text:
+            raise ValueError(f"{source}: vendor={value!r} is not a vendor name (auto, host, nvidia, ...)")
+        return text
+    if name == "fmap_register_flags" and isinstance(value, str) and value.strip().lower() == "vendor":
+        return "vendor"
     if name in ("mode", "engine", "fmap_mode"):
         text = str(value).strip().lower()
         choices = MODES if name == "mode" else ENGINES if name == "engine" else FMAP_MODES
@@ -216,6 +239,34 @@ def get() -> Settings:
     return Settings(**values)
 
 
+def effective(name: str):
+    """One setting's effective value, checking only that one (a bad value elsewhere in the
+    environment does not stop, say, the registry from resolving ``vendor``)."""
+    if name not in DEFAULTS:
+        raise TypeError(f"unknown setting {name!r}; known: {', '.join(DEFAULTS)}")
+    with _lock:
+        for layer in reversed(_overrides):
+            if name in layer:
+                return layer[name]
+        if name in _base:
+            return _base[name]
+    text = os.environ.get(ENV[name])
+    if text is not None and text.strip() != "":
+        return _check(name, text, f"environment {ENV[name]}")
+    return DEFAULTS[name]
+
+
+def source_of(name: str) -> str:
+    """Where a setting's effective value comes from: override, set(), environment or default."""
+    with _lock:
+        if any(name in layer for layer in _overrides):
+            return "override"
+        if name in _base:
+            return "set()"
+    text = os.environ.get(ENV[name])
+    return "environment" if text is not None and text.strip() != "" else "default"
+
+
 def _validate(kwargs: dict, source: str) -> dict:
     unknown = builtins.set(kwargs) - builtins.set(DEFAULTS)
     if unknown:
@@ -255,14 +306,6 @@ def override(**kwargs) -> Iterator[Settings]:
 
 def describe() -> list[dict]:
     """The table above as data (for ``phx info``): name, env var, effective value, source."""
-    env = _from_env()
     eff = get()
-    out = []
-    with _lock:
-        over = {k for layer in _overrides for k in layer}
-        set_keys = builtins.set(_base)
-    for name, var in ENV.items():
-        source = "override" if name in over else "set()" if name in set_keys else "environment" if name in env else "default"
-        out.append({"name": name, "env": var, "value": getattr(eff, name), "source": source})
-    return out
+    return [{"name": name, "env": var, "value": getattr(eff, name), "source": source_of(name)} for name, var in ENV.items()]
 

@@ -1,7 +1,7 @@
 """The caller's stream: which stream an I/O call on device memory is ordered after.
 
-Control plane. :mod:`phoenix.io` states the rule; this module finds the stream. For
-each call it is, in order:
+Core side, control plane. :mod:`phoenix.io` states the rule; this module finds the
+stream. For each call it is, in order:
 
 1. the call's ``stream=`` argument: a vendor handle (``int``; 0 the default stream), a
    torch stream (``cuda_stream``), a CuPy stream (``ptr``), an object with the CUDA

@@ -1,0 +1,100 @@
+"""Batches: many requests, over any files and buffers, submitted at once (:func:`batch`).
+
+Core side, control plane. A batch is normalized here and submitted like a file's own
+calls (:mod:`phoenix._files`); waiting for all of it is one C call without the GIL. A
+malformed or refused request fails alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+from ._abi import _lib
+from ._files import PhxFile, _submit_many
+from ._futures import IOFuture
+from .errors import PhxIOError
+
+
+@dataclass
+class IORequest:
+    """One request of :func:`batch`."""
+
+    file: PhxFile
+    buf: object
+    size: int | None = None
+    file_offset: int = 0
+    buf_offset: int = 0
+    op: str = "read"
+
+
+def _normalize(req, i: int):
+    """A request as (file, buf, size, file_offset, buf_offset, op), or the TypeError that
+    says why it is not one (returned, not raised: a malformed request fails alone)."""
+    if isinstance(req, IORequest):
+        return (req.file, req.buf, req.size, req.file_offset, req.buf_offset, req.op)
+    if isinstance(req, dict):
+        unknown = set(req) - {"file", "buf", "size", "file_offset", "buf_offset", "op"}
+        if unknown or "file" not in req or "buf" not in req:
+            return TypeError(f"request {i}: a dict needs 'file' and 'buf' (and may have size, file_offset, "
+                             f"buf_offset, op){'; unknown keys ' + ', '.join(sorted(map(str, unknown))) if unknown else ''}")
+        return (req["file"], req["buf"], req.get("size"), req.get("file_offset", 0), req.get("buf_offset", 0),
+                req.get("op", "read"))
+    try:
+        t = tuple(req)
+    except TypeError:
+        return TypeError(f"request {i}: (file, buf, size, file_offset, buf_offset, op) expected, "
+                         f"got {type(req).__name__}")
+    if not 2 <= len(t) <= 6:
+        return TypeError(f"request {i}: (file, buf, size, file_offset, buf_offset, op) expected, got {len(t)} items")
+    defaults = (None, None, None, 0, 0, "read")
+    return t + defaults[len(t):]
+
+
+def batch(requests, *, wait: bool = True, stream=None):
+    """Submit many requests at once.
+
+    Each request is an :class:`IORequest`, a dict with those keys, or a tuple
+    ``(file, buf, size=None, file_offset=0, buf_offset=0, op="read")``. A failed request
+    fails alone. With ``wait`` (default) returns one result per request: the byte count,
+    or the :class:`PhxIOError` (not raised); with ``wait=False`` the :class:`IOFuture` list.
+    Each request is ordered after its caller's stream (``stream``, else its buffer's).
+    """
+    reqs = [_normalize(r, i) for i, r in enumerate(requests)]
+    if not reqs:
+        return []
+    if not wait:
+        if len(reqs) == 1:
+            try:
+                return _submit_many(reqs, stream=stream)
+            except Exception as exc:
+                return [IOFuture.failed(exc)]
+        return _submit_many(reqs, stream=stream)
+    if len(reqs) == 1:
+        try:
+            futs = _submit_many(reqs, stream=stream)
+        except Exception as exc:
+            return [exc]
+        err = futs[0].exception()
+        return [err if err is not None else futs[0].result()]
+    handles, bufs, meta, early = _submit_many(reqs, want_futures=False, stream=stream)
+    n = len(reqs)
+    results = (ctypes.c_int64 * n)()
+    _lib.phx_req_wait_all(handles, n, results, -1)  # one C call for all, no GIL
+    out: list = []
+    for i in range(n):
+        if i in early:
+            out.append(early[i])
+            continue
+        res = results[i]
+        if res >= 0:
+            out.append(res)
+        else:
+            f, off, size, what = meta[i]
+            eo, el = ctypes.c_int64(off), ctypes.c_uint64(size)
+            _lib.phx_req_error_extent(handles[i], ctypes.byref(eo), ctypes.byref(el))
+            where = "" if (eo.value, el.value) == (off, size) else f"; failed chunk at offset {eo.value}, length {el.value}"
+            out.append(PhxIOError(-res, f.path, off, size, f"{what}{where}"))
+        bufs[i].release()
+    _lib.phx_req_release_all(handles, n)
+    return out

@@ -1,0 +1,242 @@
+"""Engines: the vendor's runtime bound to the C core, one context per settings and runtime.
+
+Core side, control plane. An engine is one C context (``phx_ctx``): a worker pool, a
+bounce pool and the vendor's data-path table, built from the settings a request is
+submitted with (:func:`make_config`) and the runtime the ``vendor`` setting selects
+(:func:`phoenix.registry.resolve`). Requests, futures and stream ops hold their engine;
+a change of settings or runtime starts a new one and the old one goes when the last of
+them does. Here too: :func:`prepare`, :func:`shutdown`, and what a forked child does.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import threading
+import weakref
+
+from . import registry as _registry
+from . import settings as _settings
+from ._abi import _P, CFG_CPU_COPIES, ENGINE, ENGINE_NAME, FMAP_MODE, _Config, _lib
+from ._futures import _prune_stream_ops
+from .errors import PhxIOError
+
+# ---- the vendor runtime and the settings it is applied with ------------------------------
+
+
+def use_runtime(runtime) -> None:
+    """Use this :class:`~phoenix.vendor.VendorRuntime` (None: back to the ``vendor`` setting).
+
+    A thin wrapper over the ``vendor`` setting (:func:`phoenix.registry.use_runtime`),
+    kept for tests and for programs that build or wrap their runtime themselves; otherwise
+    select the vendor with ``PHX_VENDOR`` or ``phoenix.settings.override(vendor=...)``.
+    """
+    _registry.use_runtime(runtime)
+
+
+def _runtime(s: _settings.Settings | None = None):
+    """The runtime of the ``vendor`` setting (``s``'s, else the current one); None when no
+    vendor can serve: host memory still works."""
+    try:
+        vendor = s.vendor if s is not None else _settings.effective("vendor")
+        return _registry.resolve(vendor)
+    except Exception:  # no usable vendor: host memory still works
+        return None
+
+
+#: fmap_register_flags before ports declared their read-only flag (CUDA's portable 1 |
+#: read-only 8): used until VendorRuntime declares host_register_read_only_flag
+_UNDECLARED_REGISTER_FLAGS = 9
+
+
+def fmap_register_flags(s: _settings.Settings, runtime) -> int:
+    """The host_register flags of page-cache mappings: the setting's number, or for
+    ``vendor`` (the default) the vendor's registration flags with its read-only flag."""
+    flags = s.fmap_register_flags
+    if flags != "vendor":
+        return flags
+    read_only = getattr(runtime, "host_register_read_only_flag", None)  # plain, once VendorRuntime declares it
+    if read_only is None:
+        return _UNDECLARED_REGISTER_FLAGS
+    return getattr(runtime, "host_register_flags", 0) | read_only
+
+
+def make_config(s: _settings.Settings, runtime=None) -> _Config:
+    """``struct phx_io_config`` for a set of settings and the runtime they are applied
+    with (every context is built from one)."""
+    flags = CFG_CPU_COPIES if runtime is not None and getattr(runtime, "is_test_double", False) else 0
+    return _Config(s.threads, s.queue_depth, s.chunk_size, s.bounce_pool_size, ENGINE[s.engine],
+                   FMAP_MODE[s.fmap_mode], s.fmap_cache, s.fmap_window, fmap_register_flags(s, runtime), flags)
+
+
+# ---- engines (C contexts) ---------------------------------------------------------------------
+
+
+class _Engine:
+    """One C context: a worker pool, a bounce pool and the vendor's data-path table.
+
+    Built for one set of pool settings and one runtime; replaced when either changes.
+    Requests, futures and stream ops hold a reference; the context is destroyed (after
+    its I/O drains) when the last reference goes, or by :func:`shutdown`. A thread that
+    calls into the context holds it (:func:`_using_engine`): closing waits for it, so
+    the C context is never destroyed under a submission.
+    """
+
+    def __init__(self, s: _settings.Settings, runtime):
+        self.key = s.pool_key() + (id(runtime),)
+        self.runtime = runtime
+        self.settings = s
+        try:
+            dp = runtime.data_path() if runtime is not None else None
+        except Exception:  # a port without a data path still reads into host memory
+            dp = None
+        if dp is not None and dp.missing():
+            dp = None  # staged and stream-ordered I/O will say ENODEV
+        self._dp = dp
+        cfg = make_config(s, runtime)
+        handle = _P()
+        rc = _lib.phx_ctx_create(ctypes.byref(cfg), ctypes.byref(dp) if dp is not None else None, ctypes.byref(handle))
+        if rc < 0:
+            why = ctypes.create_string_buffer(256)
+            _lib.phx_engine_probe(ENGINE[s.engine], why, len(why))
+            raise PhxIOError(-rc, None, 0, 0, f"cannot start the I/O engine {s.engine!r} ({why.value.decode()})")
+        self.handle = handle.value
+        why = ctypes.create_string_buffer(256)
+        self.engine = ENGINE_NAME.get(_lib.phx_ctx_engine(self.handle, why, len(why)), "?")
+        self.engine_why = why.value.decode()
+        self._cv = threading.Condition()
+        self._users = 0
+        self._closing = False
+        self._finalizer = weakref.finalize(self, _lib.phx_ctx_destroy, self.handle)
+        _all_engines.add(self)
+
+    @property
+    def has_data_path(self) -> bool:
+        return self._dp is not None
+
+    @property
+    def usable(self) -> bool:
+        return not self._closing and self._finalizer.alive
+
+    def enter(self) -> bool:
+        """Hold the context for a call into it; False once it is closing."""
+        with self._cv:
+            if not self.usable:
+                return False
+            self._users += 1
+            return True
+
+    def leave(self) -> None:
+        with self._cv:
+            self._users -= 1
+            if not self._users:
+                self._cv.notify_all()
+
+    def close(self) -> None:
+        """Destroy now: waits for the threads calling into it, then (in C) for the
+        context's requests and stream ops."""
+        with self._cv:
+            self._closing = True
+            while self._users:
+                self._cv.wait()
+        self._finalizer()
+
+
+_engine_lock = threading.Lock()
+_engine: _Engine | None = None
+#: every engine not destroyed yet: the current one, and retired ones that a future, a
+#: stream op (or a traceback holding either) still references
+_all_engines: weakref.WeakSet = weakref.WeakSet()
+
+
+def _current_engine(s: _settings.Settings | None = None) -> _Engine:
+    global _engine
+    s = s or _settings.get()
+    rt = _runtime(s)
+    key = s.pool_key() + (id(rt),)
+    e = _engine
+    if e is not None and e.key == key and e.usable:
+        return e
+    with _engine_lock:
+        e = _engine
+        if e is None or e.key != key or not e.usable:
+            # the old engine stays alive while its requests hold it, then goes
+            _engine = e = _Engine(s, rt)
+    return e
+
+
+@contextlib.contextmanager
+def _using_engine(s: _settings.Settings | None = None):
+    """The current engine, held for the block (shutdown() in another thread waits)."""
+    while True:
+        e = _current_engine(s)
+        if e.enter():
+            break
+    try:
+        yield e
+    finally:
+        e.leave()
+
+
+def prepare() -> dict:
+    """Start the worker pool for the current settings and pin its whole bounce pool now.
+
+    Otherwise both happen on the first I/O that needs them. Pinning goes through the
+    vendor (cudaHostRegister on CUDA), which the runtime may serialize behind busy
+    streams: an application that holds streams with callbacks of its own (or that must
+    not stall at its first read) calls this at start-up, before stream-ordered I/O.
+    Returns ``{"engine", "bounce_bytes"}``.
+    """
+    with _using_engine() as e:
+        n = _lib.phx_ctx_prepare(e.handle)
+    if n < 0:
+        raise PhxIOError(-n, None, 0, 0, "prepare: pinning the bounce pool")
+    return {"engine": e.engine, "bounce_bytes": int(n)}
+
+
+def shutdown() -> None:
+    """Stop every worker pool and free the bounce pools now (waits for in-flight I/O).
+
+    The next I/O starts a new pool. Registrations and open files stay. Futures and
+    stream ops of the stopped pools stay valid (they do not use the pool once done).
+    """
+    global _engine
+    _prune_stream_ops(wait=True)
+    with _engine_lock:
+        _engine = None
+        engines = list(_all_engines)
+    for e in engines:
+        e.close()
+
+
+atexit.register(shutdown)
+
+
+def _after_fork_in_child() -> None:
+    # The workers are threads of the parent: the child starts a pool of its own on its
+    # first I/O. The parent's context is left alone (destroying it would wait for
+    # threads that do not exist here).
+    global _engine
+    for e in list(_all_engines):  # detach first: dropping _engine may free the last reference
+        e._finalizer.detach()
+    _all_engines.clear()
+    _engine = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _each_live_engine(fn) -> list:
+    """fn(engine) for every engine not closing, each held meanwhile."""
+    with _engine_lock:
+        engines = list(_all_engines)
+    out = []
+    for e in engines:
+        if e.enter():
+            try:
+                out.append(fn(e))
+            finally:
+                e.leave()
+    return out

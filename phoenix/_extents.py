@@ -1,0 +1,231 @@
+"""Where an I/O's extent lives: buffer resolution, registrations, the caller's stream point.
+
+Core side, control plane. Before a request goes to the C core, Python checks its extent
+against the buffer (:mod:`phoenix.checks`, :mod:`phoenix.buffers`), finds where the
+memory lives (a registration, else the vendor's pointer query, memoized per batch),
+and records the point of the caller's stream the request waits for (:mod:`phoenix.streams`).
+:func:`register` / :func:`deregister` fill the core's registration table those lookups read.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno as _errno
+import threading
+
+from . import buffers as _buffers
+from . import checks as _checks
+from . import streams as _streams
+from ._abi import _P, _lib, _RegInfo, _strerror
+from ._engine import _runtime
+from .errors import PhxIOError, RegistrationError, extent_error
+
+# ---- buffer resolution --------------------------------------------------------------------
+
+
+class _Resolved:
+    __slots__ = ("buf", "addr", "size", "foff", "mem", "device", "why")
+
+    def release(self):
+        if self.buf is not None:
+            self.buf.release()
+            self.buf = None
+
+
+def _resolve(runtime, obj, size, buf_offset, writable, path, file_offset, what, cache=None, stream=None) -> _Resolved:
+    """The extent of an I/O in ``obj``: checked, classified. Raises PhxIOError / TypeError.
+    ``stream``: the call's own stream handle, if it named one (a DLPack producer orders
+    its work before it)."""
+    size, file_offset, buf_offset = _checks.extent(size, file_offset, buf_offset, path, what)
+    r = _Resolved()
+    r.foff = file_offset
+    if type(obj) is tuple and len(obj) == 2 and type(obj[0]) is int and type(obj[1]) is int and \
+            0 < obj[0] and 0 <= obj[1] <= _checks.I64_MAX and obj[0] + obj[1] <= _checks.U64_MAX + 1:
+        base, nbytes, kind, kdev, source = obj[0], obj[1], None, None, "raw"  # the common batch case: no Buffer
+        r.buf = None
+    else:
+        buf = _buffers.adapt(obj, writable=writable, stream=stream)
+        base, nbytes, kind, kdev, source = buf.addr, buf.nbytes, buf.kind, buf.device, buf.source
+        r.buf = buf
+    try:
+        if size is None:
+            size = max(0, nbytes - buf_offset)
+        if buf_offset + size > nbytes:
+            raise extent_error(path, file_offset, size,
+                               f"{what}: buffer extent [{buf_offset}, +{size}) runs past the buffer's {nbytes} bytes")
+        r.addr, r.size = base + buf_offset, size
+        if size == 0:
+            r.mem, r.device, r.why = _buffers.MEM_HOST, 0, "empty"
+            return r
+        info = _RegInfo()
+        rc = _lib.phx_reg_lookup(r.addr, size, ctypes.byref(info))
+        if rc == -_errno.EFAULT:
+            raise extent_error(path, file_offset, size,
+                               f"{what}: buffer extent [{r.addr:#x}, +{size}) runs past the end of its registration "
+                               f"[{info.base:#x}, +{info.size})")
+        if rc == 0:
+            r.mem, r.device, r.why = info.mem, info.device, "registered"
+            return r
+        hit = cache.get(r.addr, size) if cache is not None else None
+        if hit is not None:
+            r.mem, r.device, r.why = hit
+        else:
+            try:
+                r.mem, r.device, r.why = _buffers.classify(runtime, r.addr, size, kind, kdev)
+            except _buffers.OutOfBounds as exc:
+                raise extent_error(path, file_offset, size, f"{what}: {exc}") from None
+            if cache is not None:
+                cache.put(runtime, r.addr, r)
+        if r.mem == _buffers.MEM_HOST and source == "raw" and _lib.phx_mem_probe(r.addr, size) == -_errno.EFAULT:
+            raise extent_error(path, file_offset, size,
+                               f"{what}: [{r.addr:#x}, +{size}) is not accessible memory (freed?)")
+        return r
+    except BaseException:
+        r.release()
+        raise
+
+
+class _ClassCache:
+    """Per-batch memo of vendor pointer queries, by device allocation (many requests of a
+    batch land in one allocation; a batch is too short-lived for it to be freed)."""
+
+    def __init__(self):
+        self._ranges: list[tuple[int, int, tuple]] = []
+        self._last = None
+
+    def get(self, addr: int, size: int):
+        last = self._last
+        if last is not None and last[0] <= addr and addr + size <= last[1]:
+            return last[2]
+        for entry in self._ranges:
+            if entry[0] <= addr and addr + size <= entry[1]:
+                self._last = entry
+                return entry[2]
+        return None
+
+    def put(self, runtime, addr: int, r: _Resolved) -> None:
+        if runtime is None or r.mem == _buffers.MEM_HOST or len(self._ranges) >= 64:
+            return
+        info = runtime.pointer_info(addr)
+        if info.size and r.mem == _buffers.MEM_DEVICE_MAPPED:
+            ok, _ = runtime.direct_capable(info.base, info.size)
+            if not ok:
+                return
+        if info.size:
+            self._ranges.append((info.base, info.base + info.size, (r.mem, r.device, r.why)))
+
+
+def _check_mode(r: _Resolved, mode: str, path, file_offset, what):
+    if mode == "direct" and r.mem == _buffers.MEM_DEVICE:
+        raise PhxIOError(_errno.EOPNOTSUPP, path, file_offset, r.size,
+                         f"{what}: PHX_MODE=direct, but this device memory is not direct-capable ({r.why})")
+
+
+class _Nothing:
+    """Stands for "no buffer to keep alive" (raw pairs) where None would mean "done"."""
+
+    @staticmethod
+    def release():
+        pass
+
+
+_NOTHING = _Nothing()
+
+
+# ---- the caller's stream --------------------------------------------------------------------
+
+
+class _Fences:
+    """The caller's stream points one call's requests wait for (``phx_fence_record``):
+    one per (device, stream) among its extents. Released after the requests naming them
+    are submitted (each request holds its own reference in the core)."""
+
+    __slots__ = ("engine", "fences")
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.fences: dict[tuple[int, int], int] = {}
+
+    def after(self, r: _Resolved, explicit: int | None, path, file_offset: int, what: str) -> int | None:
+        """The fence ``r``'s request waits for (an address; None: nothing to wait for)."""
+        stream = _streams.caller_stream(r.buf, r.mem, explicit)
+        if stream is None or r.size == 0:
+            return None
+        device = -1 if r.mem == _buffers.MEM_HOST else r.device  # host memory: the thread's current device
+        key = (device, stream)
+        if key in self.fences:
+            return self.fences[key] or None
+        if not self.engine.has_data_path:
+            raise PhxIOError(_errno.ENODEV, path, file_offset, r.size,
+                             f"{what}: stream={stream:#x} given, but no vendor runtime with a data path is selected "
+                             "to order with it (PHX_VENDOR)")
+        out = _P()
+        rc = _lib.phx_fence_record(self.engine.handle, device, stream, ctypes.byref(out))
+        if rc < 0:
+            raise PhxIOError(-rc, path, file_offset, r.size,
+                             f"{what}: cannot order with the caller's stream {stream:#x} on device {device}: the vendor "
+                             "refused to record an event on it (a destroyed stream, or another device's?)")
+        self.fences[key] = out.value or 0
+        return out.value or None
+
+    def release(self) -> None:
+        fences, self.fences = self.fences, {}
+        for f in fences.values():
+            if f:
+                _lib.phx_fence_release(f)
+
+
+# ---- registrations ----------------------------------------------------------------------------
+
+_reg_lock = threading.Lock()
+_registered: dict[int, list] = {}  # base -> adapted buffers kept alive (one per reference)
+
+
+def register(buf) -> int:
+    """Register a buffer for I/O; returns its base address.
+
+    Registering records where the memory lives (so I/O on it skips the vendor's pointer
+    query) and keeps the object alive until :func:`deregister`. An exact duplicate is
+    reference counted; any other overlap with a registration raises RegistrationError.
+    An I/O extent that starts inside a registration must end inside it (EFAULT).
+    """
+    rt = _runtime()
+    b = _buffers.adapt(buf, writable=False)
+    if b.nbytes <= 0:
+        b.release()
+        raise RegistrationError("cannot register an empty buffer")
+    try:
+        mem, device, _ = _buffers.classify(rt, b.addr, b.nbytes, b.kind, b.device)
+    except (TypeError, _buffers.OutOfBounds) as exc:
+        b.release()
+        raise RegistrationError(str(exc)) from None
+    with _reg_lock:
+        rc = _lib.phx_reg_add(b.addr, b.nbytes, mem, device)
+        if rc < 0:
+            b.release()
+            info = _RegInfo()
+            other = ""
+            for probe in (b.addr, b.addr + b.nbytes - 1):
+                if _lib.phx_reg_lookup(probe, 1, ctypes.byref(info)) != 1:
+                    other = f" (overlaps [{info.base:#x}, +{info.size}))"
+                    break
+            raise RegistrationError(f"cannot register [{b.addr:#x}, +{b.nbytes}): {_strerror(rc)}{other}")
+        _registered.setdefault(b.addr, []).append(b)
+    return b.addr
+
+
+def deregister(buf) -> None:
+    """Drop one reference of the registration starting at ``buf``'s base address."""
+    b = _buffers.adapt(buf, writable=False)
+    try:
+        with _reg_lock:
+            rc = _lib.phx_reg_remove(b.addr)
+            if rc < 0:
+                raise RegistrationError(f"[{b.addr:#x}, +{b.nbytes}) is not registered")
+            kept = _registered.get(b.addr)
+            if kept:
+                kept.pop().release()
+                if not kept:
+                    del _registered[b.addr]
+    finally:
+        b.release()
