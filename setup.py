@@ -13,6 +13,7 @@ is found by listing, so adding a vendor edits nothing here.
 
 import glob
 import os
+import re
 
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
@@ -55,6 +56,32 @@ class BuildExt(build_ext):
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def _local_headers(sources, include_dirs):
+    """Every header the sources include with quotes, followed through headers: the ``depends``
+    of an extension, so that a change to any of them rebuilds it (build_ext compares times)."""
+    found, todo = set(), [os.path.join(HERE, s) for s in sources]
+    while todo:
+        path = todo.pop()
+        with open(path, encoding="utf-8") as f:
+            names = re.findall(r'^\s*#\s*include\s+"([^"]+)"', f.read(), re.MULTILINE)
+        for name in names:
+            for base in [os.path.dirname(path)] + [os.path.join(HERE, d) for d in include_dirs]:
+                header = os.path.normpath(os.path.join(base, name))
+                if os.path.isfile(header):
+                    if header not in found:
+                        found.add(header)
+                        todo.append(header)
+                    break
+            else:
+                raise FileNotFoundError(f"{path}: #include \"{name}\" is in none of {include_dirs}")
+    return sorted(os.path.relpath(h, HERE) for h in found)
+
+
+def _extension(name, sources, include_dirs, depends=(), **kwargs):
+    return Extension(name, sources=sources, include_dirs=include_dirs,
+                     depends=_local_headers(sources, include_dirs) + list(depends), **kwargs)
+
+
 def _subdirs(top):
     root = os.path.join(HERE, top)
     return sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith((".", "_")))
@@ -67,9 +94,10 @@ package_dir = {"phoenix": "phoenix", "phoenix.vendors": "vendors", "phoenix.temp
 
 setup(
     packages=packages,
+    py_modules=["_phx_entry"],  # the console scripts' entry: checks the `phoenix` name clash before importing it
     package_dir=package_dir,
     package_data={
-        "phoenix": ["csrc/*.h", "csrc/*.c", "csrc/phxfile/*.c", "csrc/phxfile/*.h", "csrc/phxfile/*.map"],
+        "phoenix": ["py.typed", "csrc/*.h", "csrc/*.c", "csrc/phxfile/*.c", "csrc/phxfile/*.h", "csrc/phxfile/*.map"],
         "phoenix.bench": ["*.c"],
         "phoenix._testing": ["hostrt/*.c", "hostrt/*.h"],  # the emulator builds from these when installed
         "phoenix.vendors": ["*.md"],
@@ -78,36 +106,33 @@ setup(
         **{f"phoenix.templates.{d}": ["*", "*.j2"] for d in _subdirs("templates")},
     },
     ext_modules=[
-        Extension(
+        _extension(
             "phoenix._phxcore",
             sources=sorted(glob.glob("phoenix/csrc/*.c")),
-            depends=sorted(glob.glob("phoenix/csrc/*.h")),  # a header change rebuilds the core
             include_dirs=["phoenix/csrc"],
             extra_compile_args=["-O2", "-std=gnu11", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             extra_link_args=["-pthread"],
         ),
-        Extension(
+        _extension(
             PHXBENCH,
             sources=["phoenix/bench/bench_raw.c"],
             include_dirs=["phoenix/csrc"],  # phx_vendor.h: the data-path table the naive loop copies through
-            depends=["phoenix/csrc/phx_vendor.h"],
             extra_compile_args=["-O2", "-std=gnu11", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             extra_link_args=["-pthread", "-Wl,-soname,libphxbench.so"],
         ),
-        Extension(
+        _extension(
             PHXFILE,
             sources=["phoenix/csrc/phxfile/phxfile.c"],
             include_dirs=["phoenix/csrc"],
-            depends=["phoenix/csrc/phxfile/phxfile.map", "phoenix/csrc/phxfile/phxfile.h", "phoenix/csrc/phx_io.h"],
+            depends=["phoenix/csrc/phxfile/phxfile.map"],  # the version script: a change relinks
             extra_compile_args=["-O2", "-std=gnu11", "-pthread", "-fvisibility=hidden", "-Wall", "-Wextra",
                                 "-Wno-unused-parameter"],
             extra_link_args=["-pthread", "-ldl", "-Wl,-soname,libphxfile.so",
                              "-Wl,--version-script=" + os.path.join(HERE, "phoenix", "csrc", "phxfile", "phxfile.map")],
         ),
-        Extension(
+        _extension(
             HOSTRT,
             sources=["phoenix/_testing/hostrt/hostrt.c", "phoenix/_testing/hostrt/phx_testing.c"],
-            depends=["phoenix/_testing/hostrt/hostrt.h", "phoenix/_testing/hostrt/phx_testing.h"],
             include_dirs=["phoenix/_testing/hostrt"],
             extra_compile_args=["-O2", "-std=gnu11", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             extra_link_args=["-pthread", "-Wl,-soname,libphxhostrt.so"],

@@ -10,11 +10,30 @@ The vendor is chosen at run time by the ``vendor`` setting: ``PHX_VENDOR``, or
 ``phoenix.settings.override(vendor=...)`` in code (``auto`` by default: the usable
 accelerator of highest priority, else the ``host`` reference vendor). ``phx info`` tells
 what is selected and why. Settings: :mod:`phoenix.settings`.
+Diagnostics go to the ``phoenix`` logger (:mod:`logging`); where the application
+configures no logging, its warnings and errors still reach stderr.
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ._version import __version__
+
+
+def _refuse_a_clash() -> None:
+    # Another distribution (arize-phoenix) installing an import package `phoenix` into the
+    # same place breaks this one in ways that do not say why (its phoenix/vendor/ hides our
+    # vendor.py): say it first. The check lives outside the package (_phx_entry, installed
+    # beside it) so that the console scripts run it before importing a `phoenix` at all.
+    try:
+        from _phx_entry import clash_message
+    except ImportError:  # a source tree whose top level is not on the path: nothing to compare
+        return
+    message = clash_message()
+    if message:
+        raise ImportError(message, name=__name__)
+
+
+_refuse_a_clash()
 
 from . import settings  # noqa: E402
 from .errors import PhxError, PhxIOError, VendorError  # noqa: E402
@@ -34,3 +53,8 @@ def __getattr__(name):
     if name in _IO_NAMES:
         return getattr(importlib.import_module("phoenix.io"), name)
     raise AttributeError(f"module 'phoenix' has no attribute {name!r}")
+
+
+def __dir__():
+    # the lazy names (open, batch, ...) are public too: list them before their first use
+    return sorted(set(globals()) | set(__all__))

@@ -23,8 +23,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno as _errno
+import logging
 import os
 import threading
+
+_log = logging.getLogger(__name__)  # "phoenix.phxfile": unconfigured, errors still reach stderr
 
 __all__ = ["SYMBOLS", "library_path", "library_dir", "load", "found_by_loader", "env_hint"]
 
@@ -171,7 +174,6 @@ def _errno_of(exc: BaseException) -> int:
 def _c_open(table_addr: int, table_size: int, _unused: int = 0) -> int:
     """Fill the core table: a context with the selected vendor's data path, the core's entry points."""
     global _runtime
-    import traceback
 
     if table_size != ctypes.sizeof(_CoreTable):
         return -_errno.EPROTO
@@ -205,9 +207,8 @@ def _c_open(table_addr: int, table_size: int, _unused: int = 0) -> int:
         if pinned < 0:
             lib.phx_ctx_destroy(handle)
             return int(pinned)
-    except Exception as exc:  # said on stderr: LMCache only sees the errno
-        print(f"libphxfile: cannot open the driver: {exc}", flush=True, file=__import__("sys").stderr)
-        traceback.print_exc()
+    except Exception as exc:  # logged with its traceback: LMCache only sees the errno
+        _log.exception("libphxfile: cannot open the driver: %s", exc)
         return _errno_of(exc)
 
     def addr(fn) -> int:
