@@ -586,15 +586,23 @@ class CudaLikeRuntime(VendorRuntime):
         """Refuse a copy whose pointers are not of its kind's memory types, or whose device
         extent runs past its allocation: with unified addressing CUDA infers the direction
         and copies anyway (a freed or host pointer named as device memory included). The
-        same check runs on a test double as on hardware."""
+        same check runs on a test double as on hardware.
+
+        Device memory named as host memory, or pinned host memory named as device memory, is
+        a wrong direction; any other pointer named as device memory is no live allocation
+        (freed, never allocated, pageable: a pointer query cannot tell these apart), an
+        invalid value, as is an extent running past its allocation.
+        """
         if size <= 0:
             return
-        for ptr, want_device in zip((src, dst), _DEVICE_SIDES[CopyKind(kind)], strict=True):
-            info = self.pointer_info(ptr)
-            is_device = info.type is MemoryType.DEVICE
-            if is_device != want_device:
+        sides = [(ptr, want, self.pointer_info(ptr))
+                 for ptr, want in zip((src, dst), _DEVICE_SIDES[CopyKind(kind)], strict=True)]
+        for _, want_device, info in sides:
+            if (info.type is MemoryType.DEVICE) != want_device and info.type is not MemoryType.HOST:
                 self.rt.raise_for(f"{self.prefix}{call}", self.invalid_memcpy_direction)
-            if is_device and info.size and ptr + size > info.base + info.size:
+        for ptr, want_device, info in sides:
+            if want_device and (info.type is not MemoryType.DEVICE or
+                                info.size and ptr + size > info.base + info.size):
                 self.rt.raise_for(f"{self.prefix}{call}", self.invalid_value)
 
     def memcpy(self, dst: int, src: int, size: int, kind: CopyKind) -> None:
