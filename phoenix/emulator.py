@@ -50,9 +50,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 
 from .errors import PhxError
+from .vendor import EMULATED_LABEL as LABEL  # what every emulator is called, everywhere it shows
 
-#: what every emulator is called, everywhere it shows
-LABEL = "emulated runtime (test double)"
 #: pointer-attribute layouts the emulator can be built with (hostrt.h PHXRT_POINTER_ATTRIBUTES)
 POINTER_LAYOUTS = {"type": 0, "memoryType": 1, "both": 2}
 MARKER_FILE = "EMULATED-RUNTIME.txt"

@@ -1,6 +1,6 @@
 """The shim generator: typed ctypes bindings of a vendor runtime, from a prototype table.
 
-Control plane. A port describes the C calls it needs as :class:`Proto` rows
+Core side, control plane. A port describes the C calls it needs as :class:`Proto` rows
 (symbol, result type, argument types, how errors are reported) and calls
 :func:`load_shim`. The result has one method per row; each call checks its result
 and raises :class:`~phoenix.errors.VendorError` carrying the runtime's error name
@@ -250,6 +250,12 @@ def cuda_shaped_protos(prefix: str) -> list[Proto]:
         Proto(f"{P}EventDestroy", _i, [_p], optional=True),
         Proto(f"{P}PointerGetAttributes", _i, [_p, _p]),
         Proto(f"{P}DeviceSynchronize", _i, []),
+        # read for the name only (offset 0 in every runtime), into a buffer larger than any struct
+        Proto(f"{P}GetDeviceProperties", _i, [_p, _i], optional=True),
+        Proto(f"{P}RuntimeGetVersion", _i, [ctypes.POINTER(_i)], optional=True),
+        Proto(f"{P}DriverGetVersion", _i, [ctypes.POINTER(_i)], optional=True),
+        # NOT_READY is an answer, not an error: the caller reads the status itself
+        Proto(f"{P}StreamQuery", _i, [_p], errors=NONE, optional=True),
         Proto(f"{P}GetLastError", _i, [], errors=NONE, optional=True),
         Proto(f"{P}GetErrorString", ctypes.c_char_p, [_i], errors=NONE),
         Proto(f"{P}GetErrorName", ctypes.c_char_p, [_i], errors=NONE, optional=True),

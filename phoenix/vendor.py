@@ -1,6 +1,6 @@
 """The vendor contract, userspace side: what ``vendors/<name>/runtime.py`` implements.
 
-Control plane. A port subclasses :class:`VendorRuntime` in its ``runtime.py`` and
+Core side, control plane. A port subclasses :class:`VendorRuntime` in its ``runtime.py`` and
 exposes it as ``Runtime``. Every operation below has its contract in its docstring:
 what it must do and what it raises. An operation a port leaves out raises
 :class:`~phoenix.errors.VendorNotImplemented` naming the operation and the file to
@@ -26,12 +26,23 @@ import enum
 import inspect
 import math
 import os
+import re
 from dataclasses import dataclass, field
 
 from .errors import VendorNotImplemented
 
 #: Version of the :class:`DataPathTable` layout; bumped on any change to it.
 DATA_PATH_ABI = 2
+
+#: What a test-double runtime is called wherever it shows (probe reasons, reports, phx info).
+#: Defined here, on the core side, so a port labels an emulator without importing the
+#: emulator's builder (``phoenix.emulator`` imports it from here).
+EMULATED_LABEL = "emulated runtime (test double)"
+
+
+def library_env_var(vendor: str) -> str:
+    """``PHX_<NAME>_LIBRARY``: the variable every port honours to load one exact runtime library."""
+    return "PHX_" + re.sub(r"[^A-Za-z0-9]", "_", vendor).upper() + "_LIBRARY"
 
 
 class CopyKind(enum.IntEnum):
@@ -206,6 +217,67 @@ class VendorRuntime:
     is_test_double: bool = False
     #: short description of the runtime the port binds (shown by ``phx info``)
     runtime_description: str = ""
+
+    # -- declared facts and hooks: read by the registry, the settings, ``phx-port`` and the
+    # emulator. Every one has a default here, so nothing outside a port guesses at its names.
+
+    #: ``PHX_VENDOR=auto`` probes the vendors of highest priority first (NVIDIA 100, AMD 90,
+    #: MetaX 80); 0 means auto never picks this vendor (the ``host`` fallback aside): a new
+    #: port stays at 0 until it passes ``phx-port test`` on its hardware
+    auto_priority: int = 0
+    #: the runtime's flag for registering host memory the device only reads
+    #: (``cudaHostRegisterReadOnly`` = 8, ``hipHostRegisterReadOnly`` = 8); 0: the runtime has none
+    host_register_read_only_flag: int = 0
+    #: symbol prefix of a CUDA-shaped runtime (``cuda``, ``mc``, ``hip``); None: the runtime is
+    #: not CUDA-shaped, so no emulated runtime can stand in for it (``phx-port test --emulated``)
+    prefix: str | None = None
+    #: file names of the runtime library, most preferred first; the first is also the file an
+    #: emulated runtime is built as
+    library_names: tuple[str, ...] = ()
+    #: prefix of a driver API the port calls besides the runtime (NVIDIA: ``cu`` for libcuda);
+    #: an emulated runtime built for this port exports it too. None: no driver API
+    emulated_driver_prefix: str | None = None
+    #: whether the runtime refuses a made-up stream handle with an error; CUDA's handles are
+    #: pointers it dereferences, so only test doubles do, and the suite checks it only then
+    stream_handles_validated: bool = True
+
+    @classmethod
+    def library_env(cls) -> str:
+        """The variable naming one exact runtime library to load instead of searching
+        (``PHX_<NAME>_LIBRARY``). A port must honour it: it is how an operator picks a
+        library, and how ``phx-port test --emulated`` points the port at an emulator."""
+        return library_env_var(cls.name or cls.__name__)
+
+    @classmethod
+    def emulated_env(cls, emulator) -> dict[str, str | None]:
+        """The environment that points this port at ``emulator`` (a
+        :class:`phoenix.emulator.Emulator`: ``.library`` the file, ``.root`` its installation,
+        ``lib/`` below it). ``None`` as a value unsets that variable. Default:
+        :meth:`library_env` set to the emulator's library."""
+        return {cls.library_env(): emulator.library}
+
+    @classmethod
+    def locate_library(cls) -> tuple[str | None, list[str]]:
+        """(the runtime library this port would load, or None; every place looked, in words).
+
+        Must not raise. ``phx-port check`` resolves :meth:`prototype_table` in that library.
+        Default: :meth:`library_env` when set, else the first of :attr:`library_names` on
+        the loader's path.
+        """
+        from .shim import find_library
+
+        override = os.environ.get(cls.library_env())
+        if override:
+            return (override if os.path.exists(override) else None), [f"${cls.library_env()}: {override}"]
+        if not cls.library_names:
+            return None, ["(the port names no library: library_names)"]
+        return find_library(cls.library_names)
+
+    @classmethod
+    def prototype_table(cls) -> list:
+        """Every :class:`phoenix.shim.Proto` row this port binds (what ``phx-port check``
+        resolves against the library). Default: none, nothing to resolve."""
+        return []
 
     # -- discovery ---------------------------------------------------------------
 

@@ -1,7 +1,9 @@
 """The MetaX port (vendors/metax/runtime.py): finding libmcruntime.so, errors, pointer layouts.
 
 No MetaX hardware here: the port runs against phoenix's emulated runtime built as
-libmcruntime.so (a test double) in a MACA-like tree (``<root>/lib``, ``<root>/include/mcr``).
+libmcruntime.so (a test double) in a MACA-like tree (``<root>/lib``). The port is a
+declaration over phoenix.cudalike, so these tests also hold the CUDA-shaped machinery
+to what a MetaX installation needs: the search order, the labels, the layouts.
 """
 
 from __future__ import annotations
@@ -16,14 +18,15 @@ import numpy as np
 import pytest
 
 from phoenix import emulator
-from phoenix.cudalike import MEM_DEVICE, MEM_HOST, MEM_MANAGED, MEM_UNREGISTERED
 from phoenix.errors import VendorError, VendorUnavailable
 from phoenix.vendor import CopyKind, MemoryType
 from phoenix.vendors.metax import runtime as metax
 
 pytestmark = pytest.mark.skipif(emulator.compiler() is None, reason="no C compiler to build the emulated MACA runtime")
 
-MACA_VARS = (metax.LIBRARY_ENV, *metax.ROOT_VARS, metax.LAYOUT_ENV)
+LIBRARY_ENV = metax.Runtime.library_env()
+LAYOUT_ENV = metax.Runtime.pointer_layout_env()
+MACA_VARS = (LIBRARY_ENV, *metax.Runtime.library_roots, LAYOUT_ENV)
 
 
 @pytest.fixture
@@ -39,15 +42,11 @@ def cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("emulators"))
 
 
-def maca_tree(base, cache, layout: str = "type", header: str | None = None) -> str:
+def maca_tree(base, cache, layout: str = "type") -> str:
     """A MACA-like installation whose libmcruntime.so is an emulator (its own copy: its own state)."""
     emu = emulator.build("mc", "libmcruntime.so", pointer_layout=layout, cache=cache)
     os.makedirs(os.path.join(base, "lib"))
     shutil.copy(emu.library, os.path.join(base, "lib", "libmcruntime.so"))
-    if header is not None:
-        os.makedirs(os.path.join(base, "include", "mcr"))
-        with open(os.path.join(base, "include", "mcr", "mc_runtime_api.h"), "w") as fh:
-            fh.write(header)
     return str(base)
 
 
@@ -103,10 +102,10 @@ def test_probe_search_order(clean_env, tmp_path, maca):
 
 def test_library_override(clean_env, tmp_path, maca):
     clean_env.setenv("MACA_PATH", str(tmp_path / "ignored"))
-    clean_env.setenv(metax.LIBRARY_ENV, os.path.join(maca, "lib", "libmcruntime.so"))
+    clean_env.setenv(LIBRARY_ENV, os.path.join(maca, "lib", "libmcruntime.so"))
     probe = metax.Runtime.probe()
-    assert probe.usable and probe.details["looked"] == [f"${metax.LIBRARY_ENV}: {probe.details['library']} (found)"]
-    clean_env.setenv(metax.LIBRARY_ENV, str(tmp_path / "libmcruntime.so"))
+    assert probe.usable and probe.details["looked"] == [f"${LIBRARY_ENV}: {probe.details['library']} (found)"]
+    clean_env.setenv(LIBRARY_ENV, str(tmp_path / "libmcruntime.so"))
     probe = metax.Runtime.probe()
     assert not probe.usable and "no such file" in probe.reason
     with pytest.raises(VendorUnavailable, match="libmcruntime.so not found"):
@@ -213,87 +212,43 @@ def test_layout_measured(clean_env, tmp_path, cache, layout, measured):
         check_pointer_queries(runtime)
         assert runtime.pointer_layout["layout"] == measured
         assert runtime.pointer_layout["source"].startswith("measured at run time")
-
-
-HEADER_TYPE = """
-/* MACA runtime API (stand-in) */
-#pragma once
-typedef enum mcMemoryType {
-    mcMemoryTypeUnregistered = 0, mcMemoryTypeHost = 1, mcMemoryTypeDevice = 2, mcMemoryTypeManaged = 3
-} mcMemoryType;
-typedef struct mcPointerAttribute_t {
-    enum mcMemoryType type;   // the current name
-    int device;
-    void *devicePointer;
-    void *hostPointer;
-} mcPointerAttribute_t;
-"""
-
-HEADER_BOTH = """
-typedef enum { mcMemoryTypeUnregistered, mcMemoryTypeHost, mcMemoryTypeDevice, mcMemoryTypeManaged } mcMemoryType;
-struct mcPointerAttributes {
-    __MC_DEPRECATED mcMemoryType memoryType; /* deprecated, kept first */
-    mcMemoryType type;
-    int device;
-    void* devicePointer;
-    void* hostPointer;
-    __attribute__((deprecated)) int isManaged;
-};
-typedef struct mcPointerAttributes mcPointerAttribute_t;
-"""
-
-HEADER_MEMORYTYPE = """
-typedef struct {
-    mcMemoryType memoryType;
-    int device;
-    void *devicePointer;
-    void *hostPointer;
-    int isManaged;
-    unsigned int allocationFlags;
-} mcPointerAttribute_t;
-"""
-
-
-@pytest.mark.parametrize("layout, header, field", [
-    ("type", HEADER_TYPE, "type"), ("both", HEADER_BOTH, "type"), ("memoryType", HEADER_MEMORYTYPE, "memoryType")])
-def test_layout_from_header(clean_env, tmp_path, cache, layout, header, field):
-    root = maca_tree(tmp_path / "maca", cache, layout, header)
-    clean_env.setenv("MACA_PATH", root)
-    with metax.Runtime() as runtime:
-        check_pointer_queries(runtime)
-        assert runtime.pointer_layout["layout"] == layout
-        assert runtime.pointer_layout["field"] == field
-        assert runtime.pointer_layout["source"] == f"header {root}/include/mcr/mc_runtime_api.h"
+        assert runtime.pointer_layout["field"] == "type"  # one name or the other at offset 0 reads the same
 
 
 def test_layout_forced(clean_env, tmp_path, cache):
     clean_env.setenv("MACA_PATH", maca_tree(tmp_path / "maca", cache, "both"))
-    clean_env.setenv(metax.LAYOUT_ENV, "both")
+    clean_env.setenv(LAYOUT_ENV, "both")
     with metax.Runtime() as runtime:
         check_pointer_queries(runtime)
-        assert runtime.pointer_layout == {"layout": "both", "field": "type", "source": f"${metax.LAYOUT_ENV}"}
-
-
-def test_parse_header_variants():
-    parsed = metax.parse_header_layout(HEADER_BOTH)
-    assert [n for n, _ in parsed["fields"]] == ["memoryType", "type", "device", "devicePointer", "hostPointer",
-                                                "isManaged"]
-    assert parsed["memory_types"] == {0: MEM_UNREGISTERED, 1: MEM_HOST, 2: MEM_DEVICE, 3: MEM_MANAGED}
-    # HIP's way: one field under both names
-    union = "typedef struct { union { mcMemoryType memoryType; mcMemoryType type; }; int device; void *devicePointer;" \
-            " void *hostPointer; } mcPointerAttribute_t;"
-    assert [n for n, _ in metax.parse_header_layout(union)["fields"]] == ["type", "device", "devicePointer",
-                                                                           "hostPointer"]
-    # older numbering (host 0, device 1, ...) is mapped onto CUDA's
-    hip_old = HEADER_TYPE.replace("mcMemoryTypeUnregistered = 0, mcMemoryTypeHost = 1, mcMemoryTypeDevice = 2, "
-                                  "mcMemoryTypeManaged = 3", "mcMemoryTypeHost, mcMemoryTypeDevice, mcMemoryTypeArray")
-    assert metax.parse_header_layout(hip_old)["memory_types"] == {0: MEM_HOST, 1: MEM_DEVICE}
-    # what is not understood is not guessed at
-    assert metax.parse_header_layout("typedef struct { mcFancy_t type; int device; } mcPointerAttribute_t;") is None
-    assert metax.parse_header_layout("typedef struct { int a; int b; } mcPointerAttribute_t;") is None
-    assert metax.parse_header_layout("/* no such struct */") is None
+        assert runtime.pointer_layout == {"layout": "both", "field": "type", "source": f"${LAYOUT_ENV}"}
 
 
 def test_emulated_env_points_at_the_installation():
     emu = emulator.Emulator("mc", "libmcruntime.so", "/emu", "/emu/lib/libmcruntime.so", "hostrt.c", "type", None)
-    assert metax.Runtime.emulated_env(emu) == {"MACA_PATH": "/emu", metax.LIBRARY_ENV: None}
+    assert metax.Runtime.emulated_env(emu) == {"MACA_PATH": "/emu", LIBRARY_ENV: None}
+
+
+def test_declared_facts():
+    """What the registry, the settings and phx-port read off the port, declared, never guessed."""
+    R = metax.Runtime
+    assert (R.prefix, R.library_names, R.emulated_driver_prefix) == ("mc", ("libmcruntime.so",), None)
+    assert R.auto_priority == 80 and R.host_register_read_only_flag == 0
+    assert LIBRARY_ENV == "PHX_METAX_LIBRARY" and LAYOUT_ENV == "PHX_METAX_POINTER_ATTRIBUTES"
+    assert [p.symbol for p in R.prototype_table()][:2] == ["mcGetDeviceCount", "mcSetDevice"]
+
+
+def test_layout_forced_refuses_a_bad_name(clean_env, maca):
+    clean_env.setenv("MACA_PATH", maca)
+    clean_env.setenv(LAYOUT_ENV, "sideways")
+    with metax.Runtime() as runtime, pytest.raises(ValueError, match="choose one of"):
+        runtime.pointer_info(0x1000)
+
+
+def test_an_emulator_is_never_picked_up_on_the_way(clean_env, tmp_path, maca):
+    """A test double at a place the operator did not name (the default root, the loader's path) is passed over."""
+    class Installed(metax.Runtime):  # MACA's default root holding an emulator
+        default_root = maca
+
+    probe = Installed.probe()
+    assert not probe.usable, probe.reason
+    assert "a test double: used only through $PHX_METAX_LIBRARY or a root variable" in probe.reason

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from phoenix import emulator, scaffold
+from phoenix import emulator, portcheck, scaffold
 
 REPO = Path(__file__).resolve().parent.parent
 needs_cc = pytest.mark.skipif(emulator.compiler() is None, reason="no C compiler to build an emulator")
@@ -92,16 +92,42 @@ def test_generated_files_import_and_compile(ports):
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         assert mod.Runtime.name == name and mod.Runtime.p2p_page_size == 65536
-        size, line, _ = scaffold.kernel_page_size(str(d / "p2p.c"))
+        size, line, _ = portcheck.kernel_page_size(str(d / "p2p.c"))
         assert size == 65536 and line
     acme = (ports / "acme" / "runtime.py").read_text()
-    assert 'LIBRARY_ENV = "PHX_ACME_LIBRARY"' in acme and 'ROOT_VAR = "ACME_PATH"' in acme
+    assert 'prefix = "acme"' in acme and 'library_roots = ("ACME_PATH",)' in acme and "PHX_ACME_LIBRARY" in acme
     assert "0x1eac" in (ports / "acme" / "p2p.c").read_text()
+
+
+def _code_lines(path: Path) -> int:
+    spec = importlib.util.spec_from_file_location("count_code_lines", REPO / "tools" / "count_code_lines.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.code_lines(path.read_text())
+
+
+def test_a_cuda_shaped_port_is_a_declaration(ports):
+    """At most 60 lines of code (docstrings and comments not counted): the in-tree CUDA-shaped
+    ports and what `phx-port new --like cuda` writes; everything else is phoenix.cudalike's."""
+    files = [REPO / "vendors" / v / "runtime.py" for v in ("nvidia", "metax", "amd")] + [ports / "acme" / "runtime.py"]
+    counts = {str(f): _code_lines(f) for f in files}
+    assert all(n <= 60 for n in counts.values()), counts
+    acme = ports / "acme" / "runtime.py"
+    spec = importlib.util.spec_from_file_location("gen_acme_decl", acme)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    R = mod.Runtime
+    assert (R.prefix, R.library_names, R.library_roots, R.default_root) == \
+        ("acme", ("libacmert.so",), ("ACME_PATH",), "/opt/acme")
+    assert R.library_env() == "PHX_ACME_LIBRARY" and R.auto_priority == 0
+    assert set(vars(R)) - {"__module__", "__doc__", "__qualname__", "__firstlineno__", "__static_attributes__"} \
+        <= {"name", "prefix", "library_names", "library_roots", "default_root", "p2p_page_size", "auto_priority",
+            "host_register_read_only_flag", "runtime_title", "runtime_description"}, "data only, no code"
 
 
 def test_operations_come_from_the_contract():
     ops = scaffold.required_operations()
-    assert ops == list(scaffold._OPERATIONS), "the fallback list is stale: update scaffold._OPERATIONS"
+    assert ops == list(portcheck._OPERATIONS), "the fallback list is stale: update portcheck._OPERATIONS"
 
 
 def test_refusals(ports, tmp_path):
@@ -267,7 +293,7 @@ def test_check_catches_a_page_size_mismatch(ports, tmp_path):
     shutil.copytree(ports / "acme", d)
     text = (d / "p2p.c").read_text().replace("SZ_64K", "SZ_2M", 1)
     (d / "p2p.c").write_text(text)
-    rep = scaffold.check("acme", directory=str(d), compile_kernel=False)
+    rep = portcheck.check("acme", directory=str(d), compile_kernel=False)
     bad = [f for f in rep.findings if f.topic == "page size"]
     assert bad and bad[0].level == "error" and "2097152" in bad[0].message and "65536" in bad[0].message
     assert bad[0].path == str(d / "p2p.c") and bad[0].line
@@ -280,7 +306,7 @@ def test_check_kernel_build_reports_lines(ports, tmp_path):
     i = next(n for n, ln in enumerate(lines) if "return t->n;" in ln)
     lines[i] = "\treturn t->n_pages_misspelled;"
     (d / "p2p.c").write_text("\n".join(lines) + "\n")
-    f = scaffold.compile_kernel_file("acme", str(d / "p2p.c"), kdir="none")
+    f = portcheck.compile_kernel_file("acme", str(d / "p2p.c"), kdir="none")
     if f.level == "skip":
         pytest.skip(f.message)
     assert f.level == "error" and f"{d / 'p2p.c'}:{i + 1}:" in f.message
@@ -290,7 +316,7 @@ def test_different_page_size_is_written_on_both_sides(tmp_path):
     out = phx_port("new", "bigpage", "--page-size", "2M", "--vendors-dir", str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert "p2p_page_size = 2097152" in (tmp_path / "bigpage" / "runtime.py").read_text()
-    assert scaffold.kernel_page_size(str(tmp_path / "bigpage" / "p2p.c"))[0] == 2097152
+    assert portcheck.kernel_page_size(str(tmp_path / "bigpage" / "p2p.c"))[0] == 2097152
 
 
 # -- out of tree ------------------------------------------------------------------------------

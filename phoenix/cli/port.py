@@ -1,6 +1,6 @@
 """``phx-port``: the porter's command. Scaffold a port, check it, run the conformance suite, list vendors.
 
-Control plane. A port is ``vendors/<name>/runtime.py`` (in-tree), a package in the
+Core side, control plane. A port is ``vendors/<name>/runtime.py`` (in-tree), a package in the
 ``phoenix.vendors`` entry-point group, or a directory on ``PHX_VENDOR_PATH``::
 
     phx-port new <name> --like cuda --prefix mc --lib libmcruntime.so   # render templates/
@@ -45,8 +45,9 @@ every test. Vendors under development: put their parent directory on PHX_VENDOR_
 --emulated runs the suite against an emulated runtime instead of the vendor's own:
 phoenix's host runtime (phoenix/csrc/hostrt.c) built with the port's symbol prefix
 and library name (Runtime.prefix, Runtime.library_names[0]), e.g. libmcruntime.so
-with mc* names for metax. The port is pointed at it through PHX_<NAME>_LIBRARY, or
-the environment its Runtime.emulated_env() gives (MACA_PATH for metax); it must bind
+with mc* names for metax. The port is pointed at it by the environment its
+Runtime.emulated_env() gives: PHX_<NAME>_LIBRARY by default, the installation root
+for ports that declare it (MACA_PATH for metax, ROCM_PATH for amd); it must bind
 that library, or the run fails. The emulator has PHX_HOST_DEVICES devices (2 unless
 set). It is a test double: the report says "emulated runtime" and is written as
 conformance-NAME-emulated.json and .md. Needs a C compiler; built libraries are
@@ -120,9 +121,10 @@ point, DIR/phoenix_vendor_NAME/). Nothing outside that directory is touched, and
 existing directory is never overwritten.
 
 --like cuda --prefix P --lib LIB: the runtime is CUDA-shaped (PMalloc, PMemcpyAsync,
-PLaunchHostFunc, ...: CUDA's API with another prefix). runtime.py is then complete as
-generated (the library found through PHX_NAME_LIBRARY, $NAME_PATH/lib or the loader's
-path), and `phx-port test NAME --emulated` passes against an emulated LIB unedited.
+PLaunchHostFunc, ...: CUDA's API with another prefix). runtime.py is then a declaration
+(prefix, library, root variable, page size) over phoenix.cudalike, complete as generated
+(the library found through PHX_NAME_LIBRARY, $NAME_PATH/lib or the loader's path), and
+`phx-port test NAME --emulated` passes against an emulated LIB unedited.
 Without --like: a blank port whose every operation is a marked place to fill, with
 its contract beside it; the suite fails each one, naming its file:line.
 
@@ -246,9 +248,9 @@ def cmd_new(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from phoenix import scaffold
+    from phoenix import portcheck
 
-    rep = scaffold.check(args.name, directory=args.dir, kdir=args.kdir, compile_kernel=not args.no_kernel_build)
+    rep = portcheck.check(args.name, directory=args.dir, kdir=args.kdir, compile_kernel=not args.no_kernel_build)
     if rep.directory is None:
         print(f"phx-port check: {rep.findings[0].message}", file=sys.stderr)
         return 2
