@@ -46,21 +46,15 @@ def _runtime(s: _settings.Settings | None = None):
         return None
 
 
-#: fmap_register_flags before ports declared their read-only flag (CUDA's portable 1 |
-#: read-only 8): used until VendorRuntime declares host_register_read_only_flag
-_UNDECLARED_REGISTER_FLAGS = 9
-
-
 def fmap_register_flags(s: _settings.Settings, runtime) -> int:
     """The host_register flags of page-cache mappings: the setting's number, or for
     ``vendor`` (the default) the vendor's registration flags with its read-only flag."""
     flags = s.fmap_register_flags
     if flags != "vendor":
         return flags
-    read_only = getattr(runtime, "host_register_read_only_flag", None)  # plain, once VendorRuntime declares it
-    if read_only is None:
-        return _UNDECLARED_REGISTER_FLAGS
-    return getattr(runtime, "host_register_flags", 0) | read_only
+    if runtime is None:
+        return 0
+    return runtime.host_register_flags | runtime.host_register_read_only_flag
 
 
 def make_config(s: _settings.Settings, runtime=None) -> _Config:

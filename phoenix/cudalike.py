@@ -751,6 +751,7 @@ class CudaLikeRuntime(VendorRuntime):
             kind_d2h=k[CopyKind.DEVICE_TO_HOST],
             kind_d2d=k[CopyKind.DEVICE_TO_DEVICE],
             stream_flags=self.stream_flags,
+            host_register_read_only=self.host_register_read_only_flag,
             host_register_flags=self.host_register_flags,
             set_device=addr(f"{P}SetDevice"),
             memcpy_async=addr(f"{P}MemcpyAsync"),

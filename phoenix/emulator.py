@@ -13,17 +13,12 @@ Built with another symbol prefix and library name (``mc`` as ``libmcruntime.so``
 ``cuda`` as a ``libcudart.so`` stand-in, ``hip``, any other), it lets a port's shim run
 the conformance suite before hardware exists. The source ships in the package, so this works from an installed wheel.
 
-How a vendor is pointed at an emulator (the convention ``phx-port test --emulated``
-and :func:`for_vendor` follow; generated ports follow it too):
-
-* the Runtime class names its symbol ``prefix`` and its runtime library in
-  ``library_names`` (the first one is the emulator's file name);
-* ``emulated_driver_prefix = "cu"`` (optional) also builds a driver API (``cuInit``,
-  ``cuPointerGetAttribute``, ...) into the emulator, for ports that call one;
-* the port honours ``PHX_<NAME>_LIBRARY`` (the exact runtime library to load), unless
-  it defines a classmethod ``emulated_env(emulator) -> dict`` giving the environment
-  that points it at the emulator instead (MetaX: ``MACA_PATH``). A value of ``None``
-  there means "unset this variable".
+How a vendor is pointed at an emulator: through the facts and hooks its Runtime class
+declares (:class:`phoenix.vendor.VendorRuntime` documents each): ``prefix`` and
+``library_names`` (the first is the emulator's file name), ``emulated_driver_prefix``
+(``"cu"`` also builds a driver API: ``cuInit``, ``cuPointerGetAttribute``, ...), and
+``emulated_env(emulator)``, the environment that points the port at it (by default
+``PHX_<NAME>_LIBRARY``; MetaX: ``MACA_PATH``; ``None`` unsets a variable).
 
 By hand::
 
@@ -194,23 +189,18 @@ def emulator_info(library: ctypes.CDLL, prefix: str) -> str | None:
 # -- vendors ------------------------------------------------------------------------
 
 
-def library_env_var(vendor: str) -> str:
-    """``PHX_<NAME>_LIBRARY``: the variable a port honours to load one exact runtime library."""
-    return "PHX_" + re.sub(r"[^A-Za-z0-9]", "_", vendor).upper() + "_LIBRARY"
-
-
 def vendor_spec(cls) -> dict:
     """What to build for a vendor's Runtime class: prefix, library name, driver prefix.
 
     Raises :class:`EmulatorError` saying why when the vendor cannot be emulated.
     """
-    name = getattr(cls, "name", "") or cls.__name__
-    if getattr(cls, "is_test_double", False):
+    name = cls.name or cls.__name__
+    if cls.is_test_double:
         raise EmulatorError(f"vendor {name!r} is itself a test double; --emulated emulates the runtime "
                             "library of a real vendor's port")
-    prefix = getattr(cls, "prefix", None)
-    names = list(getattr(cls, "library_names", None) or ())
-    library = getattr(cls, "emulated_library", None) or (names[0] if names else None)
+    prefix = cls.prefix
+    names = list(cls.library_names)
+    library = names[0] if names else None
     if not isinstance(prefix, str) or not prefix:
         raise EmulatorError(f"vendor {name!r} does not bind a CUDA-shaped runtime (its Runtime class has "
                             "no symbol `prefix`), so there is no emulator for it")
@@ -218,15 +208,12 @@ def vendor_spec(cls) -> dict:
         raise EmulatorError(f"vendor {name!r} does not name its runtime library: set `library_names = "
                             f"(\"lib....so\",)` on its Runtime class")
     return {"prefix": prefix, "library_name": os.path.basename(library),
-            "driver_prefix": getattr(cls, "emulated_driver_prefix", None)}
+            "driver_prefix": cls.emulated_driver_prefix}
 
 
 def vendor_env(cls, emu: Emulator) -> dict[str, str | None]:
     """The environment that points a vendor at ``emu`` (``None``: unset that variable)."""
-    hook = getattr(cls, "emulated_env", None)
-    if callable(hook):
-        return dict(hook(emu))
-    return {library_env_var(getattr(cls, "name", "") or cls.__name__): emu.library}
+    return dict(cls.emulated_env(emu))
 
 
 def for_vendor(cls, **options) -> tuple[Emulator, dict[str, str | None]]:

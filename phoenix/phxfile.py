@@ -185,7 +185,7 @@ def _c_open(table_addr: int, table_size: int, _unused: int = 0) -> int:
 
         pio = importlib.import_module("phoenix.io")
         ps = importlib.import_module("phoenix.settings")
-        rt = pio._runtime()  # phoenix.io.use_runtime(...) if set, else PHX_VENDOR's
+        rt = pio._runtime()  # the vendor setting's runtime
         if rt is None:
             from .registry import get_runtime
 
@@ -196,7 +196,7 @@ def _c_open(table_addr: int, table_size: int, _unused: int = 0) -> int:
             raise OSError(_errno.ENODEV, f"vendor {rt.name!r}: the data path lacks {', '.join(missing)}")
         s = ps.get()
         lib = pio._lib
-        cfg = pio.make_config(s)
+        cfg = pio.make_config(s, rt)  # the vendor's registration flags; CPU copies for a test double
         handle = ctypes.c_void_p()
         rc = lib.phx_ctx_create(ctypes.byref(cfg), ctypes.byref(dp), ctypes.byref(handle))
         if rc < 0:

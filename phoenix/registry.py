@@ -41,11 +41,6 @@ from .vendor import Probe, VendorRuntime
 #: the reference vendor `auto` falls back to (always installed: it makes the rest testable)
 FALLBACK = "host"
 
-# The order `auto` had before ports declared ``auto_priority``: what a port without the
-# attribute gets until phoenix.vendor.VendorRuntime declares it (then ``cls.auto_priority``
-# is read plainly and this table goes).
-_UNDECLARED_PRIORITY = {"nvidia": 100, "metax": 80}
-_UNDECLARED_DEFAULT = 10
 
 
 @dataclass
@@ -159,7 +154,7 @@ def auto_priority(entry: VendorEntry) -> int:
     cls = entry.load()
     if cls is None:
         return -1
-    return int(getattr(cls, "auto_priority", _UNDECLARED_PRIORITY.get(entry.name, _UNDECLARED_DEFAULT)))
+    return int(cls.auto_priority)
 
 
 def auto_order(vendors: dict[str, VendorEntry]) -> list[str]:
@@ -298,11 +293,3 @@ def reset() -> None:
             _current[1].close()
         _current = None
 
-
-def __getattr__(name):
-    if name == "PREFERRED":
-        # kept for a test: the vendors `auto` probes before a port that declares no priority
-        vendors = discover()
-        default = getattr(VendorRuntime, "auto_priority", _UNDECLARED_DEFAULT)
-        return tuple(n for n in auto_order(vendors) if auto_priority(vendors[n]) > default)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -140,7 +140,9 @@ class DataPathTable(ctypes.Structure):
         # int host_unregister(void *ptr)
         ("host_unregister", ctypes.c_void_p),
         ("event_flags", ctypes.c_uint),  # flags for event_create (CUDA: 2, no timing)
-        ("reserved", ctypes.c_uint),
+        # the runtime's read-only registration flag: the core retries a refused
+        # registration without it
+        ("host_register_read_only", ctypes.c_uint),
         # int get_device(int *ordinal)
         ("get_device", ctypes.c_void_p),
         # int event_create(void **event, unsigned flags)
@@ -227,6 +229,8 @@ class VendorRuntime:
     auto_priority: int = 0
     #: the runtime's flag for registering host memory the device only reads
     #: (``cudaHostRegisterReadOnly`` = 8, ``hipHostRegisterReadOnly`` = 8); 0: the runtime has none
+    #: flags host_register passes to the runtime (CUDA-shaped: 1, portable)
+    host_register_flags: int = 0
     host_register_read_only_flag: int = 0
     #: symbol prefix of a CUDA-shaped runtime (``cuda``, ``mc``, ``hip``); None: the runtime is
     #: not CUDA-shaped, so no emulated runtime can stand in for it (``phx-port test --emulated``)

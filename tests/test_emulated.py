@@ -1,7 +1,7 @@
 """Emulated CUDA-shaped runtimes (phoenix/emulator.py): the builder, the emulator's C surface,
 and ``phx-port test <name> --emulated`` for the MetaX, NVIDIA and AMD ports.
 
-Every emulator is phoenix's host runtime (phoenix/csrc/hostrt.c) built with another
+Every emulator is phoenix's host runtime (phoenix/_testing/hostrt/hostrt.c) built with another
 symbol prefix and library name: a test double, and every report of it must say so.
 """
 

@@ -43,7 +43,7 @@ it is a test double, the command, date, host, phoenix version, every capability 
 every test. Vendors under development: put their parent directory on PHX_VENDOR_PATH.
 
 --emulated runs the suite against an emulated runtime instead of the vendor's own:
-phoenix's host runtime (phoenix/csrc/hostrt.c) built with the port's symbol prefix
+phoenix's host runtime (phoenix/_testing/hostrt/hostrt.c) built with the port's symbol prefix
 and library name (Runtime.prefix, Runtime.library_names[0]), e.g. libmcruntime.so
 with mc* names for metax. The port is pointed at it by the environment its
 Runtime.emulated_env() gives: PHX_<NAME>_LIBRARY by default, the installation root

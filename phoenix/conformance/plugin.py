@@ -98,7 +98,9 @@ class _Recorder:
 
 
 def _vendor_name(config) -> str:
-    return (config.getoption("--phx-vendor") or os.environ.get("PHX_VENDOR") or "auto").strip()
+    import phoenix.settings
+
+    return (config.getoption("--phx-vendor") or phoenix.settings.effective("vendor") or "auto").strip()
 
 
 def pytest_configure(config):

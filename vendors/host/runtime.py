@@ -68,6 +68,7 @@ class Runtime(CudaLikeRuntime):
     library_names = (LIBRARY,)
     p2p_page_size = 65536  # the arena's allocation granule, equal to NVIDIA's and MetaX's P2P page
     host_register_flags = 0
+    host_register_read_only_flag = 8  # the double takes CUDA's flags: the read-only retry is tested
     is_test_double = True
     runtime_description = f"phoenix host reference runtime ({PREFIX}*, {LIBRARY}): device memory is host memory"
 

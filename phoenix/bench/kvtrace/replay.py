@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
+import phoenix.settings
 from phoenix.vendor import CopyKind
 
 from ..files import drop_cache
@@ -76,7 +77,7 @@ class Replayer:
             raise ValueError(f"a first round needs {first_need} blocks of {self.bb >> 10} KiB in HBM but --hbm holds "
                              f"{args.hbm // self.bb}: raise --hbm, or lower --token-scale")
         if rt is None:
-            if os.environ.get("PHX_VENDOR", "auto") in ("nvidia", "auto") and args.compute in ("auto", "torch"):
+            if phoenix.settings.effective("vendor") in ("nvidia", "auto") and args.compute in ("auto", "torch"):
                 try:  # torch first: the nvidia port then shares torch's libcudart
                     import torch  # noqa: F401
                 except Exception:
