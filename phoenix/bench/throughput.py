@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 
-from phoenix.cli._run import comma_list, positive_int, positive_size
+from phoenix.cli._run import comma_list, positive_int, positive_size, vendor_runtime
 from phoenix.vendor import CopyKind
 
 from .files import check_bench_file, drop_cache, prepare_file, warm_cache
@@ -66,20 +66,6 @@ class Progress:
             sys.stderr.write("\r\033[K")
 
 
-def runtime():
-    """The selected vendor's runtime; a vendor that cannot serve says what to set instead."""
-    from phoenix import registry
-    from phoenix.errors import VendorUnavailable
-
-    try:
-        return registry.get_runtime()
-    except VendorUnavailable as exc:
-        if os.environ.get("PHX_VENDOR", "auto").strip() in ("", "auto"):
-            raise
-        raise VendorUnavailable(f"PHX_VENDOR={os.environ['PHX_VENDOR']}: {exc}; set PHX_VENDOR=auto (or host) to "
-                                "bench what is usable here ('phx info' lists the vendors)") from exc
-
-
 class Bench:
     def __init__(self, args, records: list[dict] | None = None):
         import phoenix
@@ -90,7 +76,7 @@ class Bench:
         self.phoenix = phoenix
         self.pio = pio
         phoenix.settings.get()  # a bad PHX_* setting is refused before anything is written or measured
-        self.rt = runtime()
+        self.rt = vendor_runtime()
         self.vendor = self.rt.name
         self.records: list[dict] = records if records is not None else []
         self.device = args.device

@@ -133,6 +133,24 @@ def _say(prog: str, message: str) -> None:
     print(f"{prog}: {message}", file=sys.stderr, flush=True)
 
 
+def vendor_runtime(select_only: bool = False):
+    """The runtime of the vendor ``PHX_VENDOR`` selects (``select_only``: its Selection, no
+    runtime made), for a command that needs one: an unknown name lists the installed ones, and
+    an explicitly named vendor that cannot serve says what to set instead. Called by every
+    bench, so that a vendor typo is never ignored (even where only host memory is used)."""
+    from phoenix import registry
+    from phoenix.errors import VendorUnavailable
+
+    try:
+        return registry.select() if select_only else registry.get_runtime()
+    except VendorUnavailable as exc:
+        named = os.environ.get("PHX_VENDOR", "auto").strip()
+        if named in ("", "auto"):
+            raise
+        raise VendorUnavailable(f"PHX_VENDOR={named}: {exc}; set PHX_VENDOR=auto (or host) to use what is usable "
+                                "here ('phx info' lists the vendors)") from exc
+
+
 # ---- argparse ----------------------------------------------------------------------------------
 
 
