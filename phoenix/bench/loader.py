@@ -124,6 +124,9 @@ def bench(path, device="cuda", reps: int = 3, *, chunk: int = DEFAULT_CHUNK, dep
             print(f"  {name:20s} {res[name]['gbps']:8.2f} GB/s   " + " ".join(f"{s:.3f}" for s in runs[name]) + " s")
         for k, v in ratios.items():
             print(f"  {k:36s} {v:.3f}")
+        print("  (GB/s: file bytes / seconds, 1 GB = 10^9 bytes, median of the repetitions, each repetition's seconds "
+              "after it; cold: the page cache dropped first, warm: the file in it; raw_odirect: an O_DIRECT read into "
+              "host memory, the storage limit; a ratio above 1: phxloader faster)")
         for st in res["phxloader_cold"].get("stats", []):
             print("  phxloader_cold: " + ", ".join(f"{k} {st[k]}" for k in ("requests", "alloc_seconds", "submit_seconds",
                                                                         "wait_seconds", "seconds") if k in st))

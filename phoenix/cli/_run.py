@@ -9,7 +9,7 @@ loader]``, ``phx-port``, ``python -m phoenix.phxloader``) runs through :func:`ru
   ``<prog>: interrupted``, exit status 130. Any other exception is a bug and keeps its
   traceback.
 * ``--debug`` (anywhere before a ``--``; also ``PHX_DEBUG=1``) shows the traceback instead.
-* :class:`ArgumentParser` reports a bad option in one line too (``<prog>: --size: 'abc' is
+* :class:`ArgumentParser` reports a bad option in one line too (a missing one after the usage) (``<prog>: --size: 'abc' is
   not a size (examples: 64M, 1G, 4096) (see 'phx bench --help')``), and the option types
   below name the valid values, so that a typo is refused instead of measuring nothing.
 
@@ -160,8 +160,11 @@ class ArgumentParser(argparse.ArgumentParser):
     :func:`run_main`."""
 
     def error(self, message: str):
+        # something missing (no command, no FILE): the usage shows what to give; a wrong
+        # value: one line that names it
+        usage = self.format_usage() if message.startswith("the following arguments are required") else ""
         message = message.removeprefix("argument ")
-        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+        self.exit(EXIT_USAGE, f"{usage}{self.prog}: {message} (see '{self.prog} --help')\n")
 
     def parse_known_args(self, args=None, namespace=None):
         ns, rest = super().parse_known_args(args, namespace)
