@@ -579,8 +579,8 @@ def report(records: list[dict], args, stopped: BaseException | None = None) -> N
     if stopped is not None:
         if not records:
             return
-        print(f"stopped by an error after {len(records)} measurements (the error is the last line); "
-              "what was measured before it:")
+        why = "an interrupt" if isinstance(stopped, KeyboardInterrupt) else "an error (the last line says which)"
+        print(f"stopped by {why} after {len(records)} measurements; what was measured before it:")
     print(table(records))
     print()
     print(legend(records))

@@ -287,9 +287,10 @@ def main(args) -> int:
     records: list[dict] = []
     try:
         run(args, on_record=(lambda recs: _write_json(args.json, recs)) if args.json else None, records=records)
-    except BaseException:  # the points that finished are reported, then the error (phoenix.cli._run)
+    except BaseException as exc:  # the points that finished are reported, then the error (phoenix.cli._run)
         if records:
-            print(f"stopped by an error after {len(records)} points (the error is the last line); the points before it:")
+            why = "an interrupt" if isinstance(exc, KeyboardInterrupt) else "an error (the last line says which)"
+            print(f"stopped by {why} after {len(records)} points; the points before it:")
             print(table(records))
         raise
     print(table(records))
