@@ -511,3 +511,11 @@ def load(paths, device="cpu", *, framework: str | None = None, chunk: int = DEFA
 def load_file(path, device="cpu", **kw) -> LoadedTensors:
     """Load one safetensors file (``safetensors.torch.load_file``'s shape); see :func:`load`."""
     return load([path], device, **kw)
+
+
+if __name__ == "__main__":  # the bench that lived here is `phx bench loader` (an adapter imports no CLI)
+    import sys
+
+    print("python -m phoenix.phxloader: phxloader is a library; its bench is `phx bench loader FILE` "
+          "(see `phx bench loader --help`)", file=sys.stderr)
+    sys.exit(2)

@@ -19,7 +19,7 @@ def test_phx_bench_records(tmp_path):
     env = dict(os.environ, PHX_VENDOR="host")
     cmd = [sys.executable, "-P", "-m", "phoenix.cli.phx", "bench", "--file", str(tmp_path / "b.bin"), "--size", "32M",
            "--chunk", "4M", "--threads", "2", "--ops", "read,write,randread", "--temperature", "cold,warm",
-           "--reps", "2", "--random-ops", "400", "--quiet", "--json", str(out), "--plot", str(tmp_path / "b.png")]
+           "--reps", "2", "--random-ops", "400", "--json", str(out), "--plot", str(tmp_path / "b.png")]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     recs = json.loads(out.read_text())
@@ -37,8 +37,53 @@ def test_phx_bench_records(tmp_path):
         if r["op"] == "randread":
             assert r["size"] == 64 * 16 * 65536 and len(r["runs_s"]) == 2 and r["iops"] > 0  # at least qd x 16 reads
     assert "test double" in p.stdout and "randread" in p.stdout
+    _check_progress(p.stderr)
+    _check_legend(p.stdout, recs)
     if "no plot written" not in p.stdout:  # matplotlib is a [bench] extra
         assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _check_progress(stderr: str) -> None:
+    """The progress line counts up to its total, which the plan gave right (not 15 of 18)."""
+    steps = [ln.split("] ", 1)[1].split()[0] for ln in stderr.splitlines() if ln.startswith("[")]
+    assert steps, stderr
+    done = [tuple(map(int, s.split("/"))) for s in steps]
+    totals = {n for _, n in done}
+    assert len(totals) == 1, totals
+    assert [k for k, _ in done] == list(range(1, len(done) + 1)) and done[-1][0] == done[-1][1], done
+
+
+def _check_legend(stdout: str, recs: list) -> None:
+    """Under the table, a legend explains every column and every implementation present."""
+    header = next(ln for ln in stdout.splitlines() if ln.startswith("op "))
+    legend = stdout.split("columns:", 1)[1]
+    for column in ("op", "cache", "thr", "impl", "GB/s", "ratio", "vs bus", "CPU s/GB", "IOPS"):
+        assert column in header and f"\n  {column} " in legend, column
+    for word in ("cold", "warm", "1st"):
+        assert word in legend, word
+    for impl in {r["impl"] for r in recs}:
+        assert f"\n  {impl} " in legend, impl
+
+
+def test_progress_total_matches_the_plan():
+    """planned_steps against a count of the steps run() takes, for every mix of options."""
+    import argparse
+    import itertools
+
+    from phoenix.bench.throughput import planned_steps, sequential_plan
+
+    for ops, temps, threads, reps, kvikio, vendor in itertools.product(
+            (["read"], ["write"], ["read", "write", "randread"], ["randread"]), (["cold"], ["warm"], ["cold", "warm"]),
+            ([1], [1, 4]), (1, 3), (False, True), ("host", "nvidia")):
+        args = argparse.Namespace(ops=ops, temperature=temps, threads=threads, reps=reps)
+        plan = sequential_plan(args)
+        want = 0
+        for temp, op, _ in plan:
+            impls = (["raw", "naive", "phoenix"] if op == "read" else ["raw", "phoenix"]) + (["kvikio"] if kvikio else [])
+            want += sum(1 for i in impls if temp == "warm" or i == "kvikio") + len(impls) * reps
+        want += (1 + 3 * reps) if "randread" in ops else 0
+        want += vendor != "host"
+        assert planned_steps(args, plan, kvikio, vendor) == want
 
 
 def test_plot_panels(tmp_path):

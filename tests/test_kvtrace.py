@@ -176,3 +176,26 @@ def test_bench_without_a_subcommand_is_the_throughput_bench():
     assert k.func is kvtrace.main and k.concurrency == [1, 2]
     m = parser.parse_args(["bench", "loader", "model.safetensors", "--device", "cpu", "--chunk", "64M"])
     assert m.func is loader.main and m.file == "model.safetensors" and m.chunk == 64 << 20
+
+
+def test_a_point_that_loaded_nothing_from_a_tier_is_flagged():
+    """A staged or phoenix point with no SSD load measures no SSD path: the record, the table and
+    its legend say so."""
+    from phoenix.bench.kvtrace.cli import tier_warnings
+
+    def rec(config, conc, dram, ssd):
+        counts = {"hbm_hits": 5, "dram_loads": dram, "ssd_loads": ssd, "recomputes": 0, "bytes_loaded_dram": 0,
+                  "bytes_loaded_ssd": 0}
+        r = {"config": config, "concurrency": conc, "rounds": 3, "qps": 1.0, "ttft_mean_s": 0.1, "ttft_p50_s": 0.1,
+             "ttft_p99_s": 0.2, "counts": counts, "verified": True, "under_threshold": True, "threshold_s": 5.0}
+        r["warnings"] = tier_warnings(r)
+        return r
+
+    recs = [rec("phoenix", 1, 4, 0), rec("staged", 4, 3, 2), rec("dram", 1, 0, 0), rec("dram", 4, 2, 0)]
+    assert "SSD tier" in recs[0]["warnings"][0] and "--concurrency" in recs[0]["warnings"][0]
+    assert recs[1]["warnings"] == [] and recs[3]["warnings"] == []  # dram has no SSD tier
+    assert "DRAM tier" in recs[2]["warnings"][0]
+    out = kvtrace.table(recs)
+    assert out.count("WARNING:") == 2 and "phoenix at concurrency 1 loaded nothing from the SSD tier" in out
+    for column in ("config", "conc", "rounds", "QPS", "TTFT", "hbm", "dram", "ssd", "recomp", "GB ld", "verified"):
+        assert f"\n  {column} " in out.split("columns:", 1)[1], column

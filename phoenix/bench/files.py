@@ -6,6 +6,7 @@ bench; every cold figure starts with :func:`drop_cache`.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -52,10 +53,39 @@ def warm_cache(path: str, size: int) -> None:
             left -= n
 
 
-def prepare_file(path: str, size: int) -> None:
+def check_bench_file(path: str, size: int, option: str = "--file") -> None:
+    """Refuse, before anything is measured, a bench file that cannot be used: a directory, one
+    in a directory that does not exist, or one too small that cannot be written (messages
+    name ``option`` and what to do). A read-only file that is large enough passes: its reads
+    are measured, and a write then fails with the records of the reads kept."""
+    path = os.fspath(path)
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, f"{option} {path} is a directory; give a file path (it is created "
+                                f"with {size} bytes of random data if absent)")
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(errno.ENOENT, f"{option} {path}: its directory {parent} does not exist; create it or "
+                                f"pick a {option} in an existing directory")
+    if os.path.exists(path) and not os.access(path, os.R_OK):
+        raise PermissionError(errno.EACCES, f"{option} {path} is not readable; pick a {option} you may read and write")
+
+
+def prepare_file(path: str, size: int, option: str = "--file") -> None:
     """Create ``path`` with ``size`` bytes of random data unless it already has that size."""
     if os.path.exists(path) and os.path.getsize(path) >= size:
         return
+    what = f"extend it to {size} bytes" if os.path.exists(path) else "create it"
+    try:
+        _write_random(path, size)
+    except OSError as exc:
+        hint = (f"the directory {os.path.dirname(os.path.abspath(path))} is read-only; pick a {option} in a "
+                "writable directory" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and what == "create it"
+                else f"pick a {option} you may write, or one that already holds {size} bytes")
+        raise type(exc)(exc.errno, f"{option} {path}: cannot {what} ({os.strerror(exc.errno)}); "
+                        f"{hint}") from exc
+
+
+def _write_random(path: str, size: int) -> None:
     import numpy as np
 
     # one random block, stamped per copy so that no two blocks are equal: random enough

@@ -8,17 +8,20 @@ run. ``--make SIZE`` first writes an LLM-like multi-dtype file (:func:`make_benc
 
 from __future__ import annotations
 
+import argparse
+import errno
 import json
 import os
+import re
 import statistics
 import sys
 import time
 
 import numpy as np
 
+from phoenix.cli._run import positive_int, positive_size, vendor_runtime
 from phoenix.phxloader import ALIGN, DEFAULT_CHUNK, DEFAULT_DEPTH, DTYPES, load_file, save_file
 from phoenix.settings import get as settings
-from phoenix.vendor import parse_size
 
 from .files import drop_cache, warm_cache
 from .raw import raw_transfer
@@ -121,6 +124,9 @@ def bench(path, device="cuda", reps: int = 3, *, chunk: int = DEFAULT_CHUNK, dep
             print(f"  {name:20s} {res[name]['gbps']:8.2f} GB/s   " + " ".join(f"{s:.3f}" for s in runs[name]) + " s")
         for k, v in ratios.items():
             print(f"  {k:36s} {v:.3f}")
+        print("  (GB/s: file bytes / seconds, 1 GB = 10^9 bytes, median of the repetitions, each repetition's seconds "
+              "after it; cold: the page cache dropped first, warm: the file in it; raw_odirect: an O_DIRECT read into "
+              "host memory, the storage limit; a ratio above 1: phxloader faster)")
         for st in res["phxloader_cold"].get("stats", []):
             print("  phxloader_cold: " + ", ".join(f"{k} {st[k]}" for k in ("requests", "alloc_seconds", "submit_seconds",
                                                                         "wait_seconds", "seconds") if k in st))
@@ -149,26 +155,65 @@ def make_bench_file(path, size: int = 4 << 30, seed: int = 0) -> str:
     return os.fspath(path)
 
 
+DEVICE_FORMS = "auto, cuda[:N], phx[:N] or cpu"
+
+
+def device_arg(text: str) -> str:
+    """An argparse type: ``auto``, ``cuda[:N]``, ``phx[:N]`` or ``cpu``."""
+    if not re.fullmatch(r"auto|cpu|(cuda|phx)(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device: {DEVICE_FORMS}")
+    return text
+
+
+def resolve_device(device: str) -> str:
+    """``auto``: ``cuda`` where torch sees a CUDA device, else ``phx`` (device memory of the
+    selected vendor). ``cuda`` without CUDA is refused with what to use instead."""
+    if device != "auto" and not device.startswith("cuda"):
+        return device
+    torch = _torch()
+    if torch is None:
+        why = "torch is not installed"
+    elif not torch.cuda.is_available():
+        why = "torch sees no CUDA device"
+    else:
+        return "cuda" if device == "auto" else device
+    if device == "auto":
+        return "phx"
+    vendor = vendor_runtime(select_only=True).name
+    raise ValueError(f"--device {device}: no CUDA on this machine ({why}); use --device phx (device memory of the "
+                     f"selected vendor, here {vendor!r}) or --device cpu")
+
+
 def add_parser(sub) -> None:
     """``phx bench loader FILE``: called from phoenix.bench.cli.add_parser."""
     b = sub.add_parser("loader", help="phxloader vs safetensors vs raw O_DIRECT, cold and warm",
                        description="Load a safetensors file with phxloader and with safetensors.torch.load_file, "
                        "cold (page cache dropped) and warm, beside a raw O_DIRECT read of the same file, interleaved.")
-    b.add_argument("file")
-    b.add_argument("--device", default="cuda")
-    b.add_argument("--reps", type=int, default=3)
-    b.add_argument("--chunk", type=parse_size, default=DEFAULT_CHUNK,
+    b.add_argument("file", help="a .safetensors file (--make writes one)")
+    b.add_argument("--device", type=device_arg, default="auto",
+                   help=f"where the tensors go: {DEVICE_FORMS} (default auto: cuda where torch sees a CUDA device, "
+                   "else phx, device memory of the vendor PHX_VENDOR selects)")
+    b.add_argument("--reps", type=positive_int, default=3, help="repetitions; the median is reported (default 3)")
+    b.add_argument("--chunk", type=positive_size, default=DEFAULT_CHUNK,
                    help="bytes of tensors allocated and submitted per group (default 256M)")
-    b.add_argument("--depth", type=int, default=DEFAULT_DEPTH, help="groups in flight (default 8)")
-    b.add_argument("--make", metavar="SIZE", help="first write a multi-dtype file of SIZE (e.g. 8G) if absent")
+    b.add_argument("--depth", type=positive_int, default=DEFAULT_DEPTH, help="groups in flight (default 8)")
+    b.add_argument("--make", metavar="SIZE", type=positive_size,
+                   help="first write a multi-dtype file of SIZE (e.g. 8G) if absent")
     b.add_argument("--json", metavar="OUT", help="also write the result as JSON")
     b.set_defaults(func=main)
 
 
 def main(args) -> int:
+    vendor_runtime(select_only=True)  # a PHX_VENDOR typo is refused even where only host memory is used
+    device = resolve_device(args.device)
+    if args.device != device:
+        print(f"device: {device} ({'torch sees a CUDA device' if device == 'cuda' else 'no CUDA here: device memory of the selected vendor'})")
     if args.make and not os.path.exists(args.file):
-        make_bench_file(args.file, parse_size(args.make))
-    res = bench(args.file, args.device, args.reps, chunk=args.chunk, depth=args.depth)
+        make_bench_file(args.file, args.make)
+    if not os.path.isfile(args.file):
+        raise FileNotFoundError(errno.ENOENT, f"{args.file}: no such file; give a .safetensors file, or --make SIZE "
+                                "(e.g. --make 1G) to write one there first")
+    res = bench(args.file, device, args.reps, chunk=args.chunk, depth=args.depth)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import errno
 import json
 import os
 import platform
@@ -27,12 +28,15 @@ import statistics
 import sys
 import time
 
-from phoenix.vendor import CopyKind, parse_size
+from phoenix.cli._run import comma_list, positive_int, positive_size, vendor_runtime
+from phoenix.vendor import CopyKind
 
-from .files import drop_cache, prepare_file, warm_cache
+from .files import check_bench_file, drop_cache, prepare_file, warm_cache
 from .raw import naive_transfer, raw_transfer
 
 GB = 1e9
+OPS = ("read", "write", "randread")
+TEMPERATURES = ("cold", "warm")
 
 
 def _cpu() -> float:
@@ -63,17 +67,18 @@ class Progress:
 
 
 class Bench:
-    def __init__(self, args):
+    def __init__(self, args, records: list[dict] | None = None):
         import phoenix
         import phoenix.io as pio
-        from phoenix import registry
+        import phoenix.settings
 
         self.args = args
         self.phoenix = phoenix
         self.pio = pio
-        self.rt = registry.get_runtime()
+        phoenix.settings.get()  # a bad PHX_* setting is refused before anything is written or measured
+        self.rt = vendor_runtime()
         self.vendor = self.rt.name
-        self.records: list[dict] = []
+        self.records: list[dict] = records if records is not None else []
         self.device = args.device
         self.dev = self.rt.device_alloc(args.size, args.device)
         self.dp = self.rt.data_path()
@@ -249,23 +254,48 @@ def have_kvikio(vendor: str) -> tuple[bool, str]:
         return False, f"not importable ({type(exc).__name__})"
 
 
-def run(args) -> list[dict]:
+def sequential_plan(args) -> list[tuple[str, str, int]]:
+    """The (cache, op, threads) points of the sequential bench, in the order they run (no
+    warm writes: a write goes to the page cache either way)."""
+    temps = [t for t in TEMPERATURES if t in args.temperature]
+    return [(temp, op, t) for temp in temps for op in ("read", "write")
+            if op in args.ops and not (op == "write" and temp == "warm") for t in args.threads]
+
+
+def planned_steps(args, plan, kvikio: bool, vendor: str) -> int:
+    """How many progress steps :func:`run` takes: per point, a warm-up run of each
+    implementation where one is taken (warm reads: all; cold: KvikIO's) and ``reps``
+    interleaved runs of each; random reads: a warm-up and ``reps`` runs of three
+    implementations; the pinned copy on a real accelerator."""
+    steps = 0
+    for temp, op, _ in plan:
+        n = (3 if op == "read" else 2) + kvikio  # raw (+ naive for reads) + phoenix (+ kvikio)
+        steps += (n if temp == "warm" else int(kvikio)) + n * args.reps
+    if "randread" in args.ops:
+        steps += 1 + 3 * args.reps
+    return steps + (vendor != "host")
+
+
+def _writable(path: str, exc: OSError) -> OSError:
+    """A refused write of the bench file, said as what to do about it."""
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return PermissionError(exc.errno, f"--file {path} is read-only ({os.strerror(exc.errno)}): the write figures "
+                               "need a writable file; pass --ops read (or read,randread), or a --file you may write")
+    return exc
+
+
+def run(args, records: list[dict] | None = None) -> list[dict]:
+    """Every measurement of ``args``, appended to ``records`` as it is taken (so that the
+    caller keeps what was measured when a later one fails)."""
     size = args.size
-    threads_list = args.threads
     chunk = args.chunk
-    b = Bench(args)
+    check_bench_file(args.file, size)
+    b = Bench(args, records)
     progress = Progress(0, args.quiet)
     kv_ok, kv_why = have_kvikio(b.vendor)
     ops = args.ops
-    temps = [t for t in ("cold", "warm") if t in args.temperature]
-    plan = []
-    for temp in temps:
-        for op in ("read", "write"):
-            if op not in ops or (op == "write" and temp == "warm"):
-                continue
-            for t in threads_list:
-                plan.append((temp, op, t))
-    progress.total = len(plan) * (4 if kv_ok else 3) * args.reps + ("randread" in ops) * (3 * args.reps + 1) + (b.vendor != "host")
+    plan = sequential_plan(args)
+    progress.total = planned_steps(args, plan, kv_ok, b.vendor)
     try:
         prepare_file(args.file, size)
         for temp, op, threads in plan:
@@ -291,6 +321,7 @@ def run(args) -> list[dict]:
                 except Exception as exc:
                     print(f"kvikio failed, left out: {type(exc).__name__}: {exc}", file=sys.stderr)
                     impls.pop()
+                    progress.total -= 1 + args.reps  # its warm-up and repetitions are not run
             # phoenix's worker pool (threads, rings, streams) is made once per setting and kept,
             # as an application keeps it: start it before timing, with a small untimed read
             with b.phoenix.settings.override(threads=threads, chunk_size=chunk):
@@ -307,8 +338,11 @@ def run(args) -> list[dict]:
                         b.record(op, impl, warm, nbytes, secs, cpu, threads, chunk, cache=temp, reps=1, first=True)
                     if impl == "phoenix":
                         b.settle()
-            for impl, (nbytes, secs, cpu, runs_s) in b.interleaved(impls, args.reps, progress,
-                                                                    f"{temp} {op} {{}} threads={threads}").items():
+            try:
+                measured = b.interleaved(impls, args.reps, progress, f"{temp} {op} {{}} threads={threads}")
+            except OSError as exc:
+                raise (_writable(args.file, exc) if op == "write" else exc) from exc
+            for impl, (nbytes, secs, cpu, runs_s) in measured.items():
                 b.record(op, impl, warm, nbytes, secs, cpu, threads, chunk, cache=temp, reps=len(runs_s), runs_s=runs_s)
         if "randread" in ops:
             bs, qd = args.random_bs, args.qd
@@ -335,10 +369,11 @@ def run(args) -> list[dict]:
     finally:
         progress.done()
         b.close()
-    meta = {"host": socket.gethostname(), "platform": platform.platform(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "file": args.file, "kvikio": kv_why, "argv": sys.argv}  # argv: the command that made the record
-    for r in b.records:
-        r.setdefault("meta", meta)
+        meta = {"host": socket.gethostname(), "platform": platform.platform(),
+                "date": datetime.datetime.now().isoformat(timespec="seconds"), "file": args.file, "kvikio": kv_why,
+                "argv": sys.argv}  # argv: the command that made the record
+        for r in b.records:  # in `finally`: the records of a run a later failure stopped carry it too
+            r.setdefault("meta", meta)
     return b.records
 
 
@@ -360,8 +395,60 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+IMPLS = {
+    "raw_odirect": "O_DIRECT pread/pwrite of the file into host memory, in C: the storage limit (the reference)",
+    "raw_buffered": "buffered pread of the file into host memory (page cache), in C: the reference of warm reads",
+    "naive": "pread into pinned host memory, then a synchronous copy to the device, in C: the loop phoenix replaces",
+    "phoenix": "this library, file <-> device memory",
+    "phoenix_batch": "phoenix, the same random reads submitted as one batch() of Python requests",
+    "kvikio": "KvikIO (compat mode), file <-> device memory",
+    "h2d_pinned": "pinned host -> device copy, no file: the bus limit",
+}
+
+
+def legend(records: list[dict]) -> str:
+    """What every column of :func:`table` means, and each implementation present."""
+    lines = [
+        "columns:",
+        "  op        read, write: sequential, the whole --size in --chunk pieces; randread: --random-bs reads at random",
+        "            offsets, --qd in flight",
+        "  cache     cold: the file is dropped from the page cache before every repetition (the disk's speed);",
+        "            warm: it is in the page cache (memory's speed)",
+        "  thr       concurrency: I/O threads (randread: reads in flight, the queue depth)",
+        "  impl      what moved the bytes (below); '1st' marks the first warm run, a cache's first hit, not a median",
+        "  GB/s      bytes moved / seconds, median of --reps repetitions (1 GB = 10^9 bytes)",
+        "  ratio     GB/s / the raw reference's GB/s of the same op, cache and thr: 1.000x is as fast as the storage",
+        "            limit measured in this run",
+        "  vs bus    warm reads: GB/s / the pinned host -> device copy of this run (h2d_pinned; on accelerators only)",
+        "  CPU s/GB  CPU seconds (user + system, all threads of the process) per GB moved: lower is cheaper",
+        "  IOPS      randread: reads per second",
+        "impl:",
+    ]
+    present = {r["impl"] for r in records} or set(IMPLS)
+    lines += [f"  {name:<13} {text}" for name, text in IMPLS.items() if name in present]
+    lines += [f"  {name}" for name in sorted(present - set(IMPLS))]
+    return "\n".join(lines)
+
+
 def _size_label(n: int) -> str:
     return f"{n / 2**30:g} GiB" if n >= 2**30 else f"{n / 2**20:g} MiB"
+
+
+#: plot font sizes (points): readable at a glance in a slide or a README
+FONT = {"base": 12, "tick": 11, "note": 10, "legend": 10, "title": 13, "suptitle": 13}
+
+
+def plain_log_axis(ax, which: str = "x", values=None, base: int = 2) -> None:
+    """A log axis labelled in plain numbers (1, 2, 4, 16; 0.1, 1, 10), not 2^0: ticks at
+    ``values`` where given."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log", base=base)
+    if values:
+        axis.set_ticks(sorted(set(values)))
+    axis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _label(r: dict) -> str:
@@ -387,9 +474,15 @@ def plot(records: list[dict], path: str) -> str:
             groups.setdefault((r["op"], r.get("cache") or ("warm" if r.get("warm") else "cold")), []).append(r)
     if not groups:
         return "no records to plot"
+    with plt.rc_context({"font.size": FONT["base"], "axes.labelsize": FONT["base"], "xtick.labelsize": FONT["tick"],
+                         "ytick.labelsize": FONT["tick"]}):
+        return _plot(plt, groups, h2d, records, path)
+
+
+def _plot(plt, groups, h2d, records, path) -> str:
     order = {"read": 0, "write": 1, "randread": 2}
     keys = sorted(groups, key=lambda k: (k[1] != "cold", order.get(k[0], 9), k[0]))
-    fig, axes = plt.subplots(1, len(keys), figsize=(max(6.0, 4.6 * len(keys)), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(keys), figsize=(max(7.0, 5.6 * len(keys)), 5.2), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
         op, cache = key
         recs = groups[key]
@@ -408,18 +501,18 @@ def plot(records: list[dict], path: str) -> str:
             colors = ["tab:green" if r["impl"].startswith("phoenix") else "tab:gray" if r is ref else "tab:blue"
                       for r in recs]
             bars = ax.barh(range(len(recs)), vals, color=colors)
-            ax.set_yticks(range(len(recs)), names, fontsize=8)
+            ax.set_yticks(range(len(recs)), names, fontsize=FONT["tick"])
             ax.invert_yaxis()
             for b, r in zip(bars, recs, strict=True):
                 note = f" {val(r) / val(ref):.2f}x" if ref and val(ref) else ""
                 ax.text(b.get_width(), b.get_y() + b.get_height() / 2, f"{note}  {r['cpu_s_per_gb']:.2f} CPU s/GB",
-                        va="center", fontsize=7)
+                        va="center", fontsize=FONT["note"])
             ax.set_xlim(0, max(vals + [bus or 0]) * 1.45)
             ax.set_xlabel(unit)
             if bus:
                 ax.axvline(bus, color="gray", linestyle="--", label="pinned H2D (bus)")
-                ax.legend(fontsize=7, loc="lower right")
-            ax.set_title(f"{op} ({cache}), {'QD' if iops else 'threads'} {threads[0]}", fontsize=10)
+                ax.legend(fontsize=FONT["legend"], loc="lower right")
+            ax.set_title(f"{op} ({cache}), {'QD' if iops else 'threads'} {threads[0]}", fontsize=FONT["title"])
         else:
             series: dict = {}
             for r in recs:
@@ -429,18 +522,19 @@ def plot(records: list[dict], path: str) -> str:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
             if bus:
                 ax.axhline(bus, color="gray", linestyle="--", label="pinned H2D (bus)")
-            ax.set_xscale("log", base=2)
+            plain_log_axis(ax, "x", threads)
             ax.set_xlabel("threads (concurrency)")
             ax.set_ylabel(unit)
-            ax.legend(fontsize=7)
-            ax.set_title(f"{op} ({cache})", fontsize=10)
+            ax.legend(fontsize=FONT["legend"])
+            ax.set_title(f"{op} ({cache})", fontsize=FONT["title"])
         ax.grid(alpha=0.3)
     r0 = records[0]
     double = " (test double)" if r0.get("test_double") else ""
     fig.suptitle(f"phx bench, vendor {r0['vendor']}{double}, chunk {r0['chunk'] >> 20} MiB, "
-                 f"{_size_label(r0['size'])}\nbars: ratio to the raw reference, CPU s/GB", fontsize=10)
+                 f"{_size_label(r0['size'])}\nbars: ratio to the raw reference, CPU s/GB", fontsize=FONT["suptitle"])
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
     return f"plot written to {path}"
 
 
@@ -455,18 +549,19 @@ def add_parser(sub):
         "Cold figures drop the file from the page cache first (fadvise; drop_caches when root).",
     )
     p.add_argument("--file", default="/tmp/phx-bench.bin", help="file to use (created with random data if smaller than --size)")
-    p.add_argument("--size", type=parse_size, default=parse_size("1G"), help="bytes to move, e.g. 512M, 2G (default 1G)")
-    p.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[4],
+    p.add_argument("--size", type=positive_size, default=1 << 30, help="bytes to move, e.g. 512M, 2G (default 1G)")
+    p.add_argument("--threads", type=comma_list(item=positive_int), default=[4], metavar="N[,N...]",
                    help="comma-separated concurrency levels, e.g. 1,4,16 (default 4)")
-    p.add_argument("--chunk", type=parse_size, default=parse_size("16M"), help="chunk size per request piece (default 16M)")
-    p.add_argument("--reps", type=int, default=3, help="repetitions; the median is reported (default 3)")
-    p.add_argument("--ops", type=lambda s: s.split(","), default=["read", "write"],
+    p.add_argument("--chunk", type=positive_size, default=16 << 20, help="chunk size per request piece (default 16M)")
+    p.add_argument("--reps", type=positive_int, default=3, help="repetitions; the median is reported (default 3)")
+    p.add_argument("--ops", type=comma_list(OPS), default=["read", "write"], metavar="{" + ",".join(OPS) + "}[,...]",
                    help="comma-separated of read, write, randread (default read,write)")
-    p.add_argument("--temperature", type=lambda s: s.split(","), default=["cold"], help="cold, warm or cold,warm (default cold)")
-    p.add_argument("--random-bs", type=parse_size, default=parse_size("64K"), help="random read size (default 64K)")
-    p.add_argument("--qd", type=int, default=64, help="random reads in flight (default 64)")
-    p.add_argument("--random-ops", type=int, default=20000, help="random reads per repetition (default 20000)")
-    p.add_argument("--random-threads", type=int, default=8,
+    p.add_argument("--temperature", type=comma_list(TEMPERATURES), default=["cold"], metavar="{cold,warm}[,...]",
+                   help="cold, warm or cold,warm (default cold)")
+    p.add_argument("--random-bs", type=positive_size, default=64 << 10, help="random read size (default 64K)")
+    p.add_argument("--qd", type=positive_int, default=64, help="random reads in flight (default 64)")
+    p.add_argument("--random-ops", type=positive_int, default=20000, help="random reads per repetition (default 20000)")
+    p.add_argument("--random-threads", type=positive_int, default=8,
                    help="phoenix workers for random reads; each keeps qd/threads reads in flight (default 8: "
                         "on the H200 VM 8 x 8 matched the raw rate at 0.7x the CPU of 16 x 4)")
     p.add_argument("--device", type=int, default=0, help="device ordinal (default 0)")
@@ -478,15 +573,33 @@ def add_parser(sub):
     return p
 
 
-def main(args) -> int:
-    records = run(args)
+def report(records: list[dict], args, stopped: BaseException | None = None) -> None:
+    """The table, its legend, the JSON and the plot; after a failure (``stopped``), of the
+    records measured before it."""
+    if stopped is not None:
+        if not records:
+            return
+        why = "an interrupt" if isinstance(stopped, KeyboardInterrupt) else "an error (the last line says which)"
+        print(f"stopped by {why} after {len(records)} measurements; what was measured before it:")
     print(table(records))
+    print()
+    print(legend(records))
     if records and records[0].get("test_double"):
         print(f"\nvendor {records[0]['vendor']} is a test double: 'device memory' is host memory; these are not accelerator figures.")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(records, fh, indent=1)
         print(f"records written to {args.json}")
-    if args.plot:
+    if args.plot and records:
         print(plot(records, args.plot))
+
+
+def main(args) -> int:
+    records: list[dict] = []
+    try:
+        run(args, records)
+    except BaseException as exc:  # what was measured is kept, then the error is reported (phoenix.cli._run)
+        report(records, args, stopped=exc)
+        raise
+    report(records, args)
     return 0

@@ -16,7 +16,8 @@ import os
 import platform
 import sys
 
-DIST_NAME = "phoenix-direct-storage"
+from ._run import DIST_NAME, ArgumentParser, add_debug_flag, describe, run_main, version
+
 #: distributions known to install an import package named `phoenix` too
 CLASHING_DISTS = ("arize-phoenix",)
 
@@ -47,7 +48,7 @@ def gather_info() -> dict:
     from phoenix.errors import PhxError
 
     info: dict = {
-        "version": phoenix.__version__,
+        "version": version(),
         "distribution": DIST_NAME,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
@@ -74,6 +75,7 @@ def gather_info() -> dict:
     except PhxError as exc:
         info["selected"] = None
         info["error"] = str(exc)
+        info["_exception"] = exc
         return info
     info["selected"] = {"name": sel.name, "reason": sel.reason, "skipped": sel.skipped}
     try:
@@ -93,9 +95,83 @@ def gather_info() -> dict:
         from phoenix import io as phx_io
 
         info["io"] = phx_io.capabilities()
+    except (PhxError, ValueError, OSError) as exc:  # a bad PHX_* setting: the reason, and exit status 2
+        info["io_error"] = describe(exc)
+        info["_exception"] = exc
     except Exception as exc:
         info["io_error"] = f"{type(exc).__name__}: {exc}"
     return info
+
+
+SIZE_KEYS = {"total_memory", "chunk_size", "bounce_pool_size", "fmap_cache", "fmap_window", "bounce_pool", "chunk",
+             "staged_chunk", "max_slot", "budget", "window", "bytes"}
+IO_TITLES = {"settings": "settings (PHX_* environment)", "sizes": "sizes", "engines": "engines", "o_direct": "O_DIRECT",
+             "page_cache_probe": "page-cache probe", "vendor": "vendor data path", "stream_ordered": "stream-ordered I/O",
+             "caller_stream": "ordering after the caller's stream", "modes": "paths"}
+
+
+def human_size(n) -> str:
+    """``1.0 GiB``, ``8.0 MiB``, ``512 B`` (binary units); anything not an int as it is."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        return str(n)
+    value, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):  # noqa: B007 (the last unit is used below)
+        if abs(value) < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def _value(key: str, value) -> str:
+    if key in SIZE_KEYS:
+        return human_size(value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_value(key, v) for v in value) or "-"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_value(k, v)}" for k, v in value.items()) or "-"
+    return str(value)
+
+
+class _Printer:
+    """Nested plain data as indented lines: ``name: yes, why`` for {available, why} pairs,
+    human sizes, and a long reason printed once (later: "as above")."""
+
+    def __init__(self):
+        self.seen: set[str] = set()
+
+    def why(self, text: str) -> str:
+        if len(text) > 40 and text in self.seen:
+            return "(as above)"
+        self.seen.add(text)
+        return text
+
+    def item(self, key: str, value, indent: int) -> None:
+        pad = " " * indent
+        if isinstance(value, dict) and "available" in value:
+            rest = {k: v for k, v in value.items() if k not in ("available", "why", "state")}
+            head = "yes" if value["available"] else "no"
+            extra = f" ({_value('', rest)})" if rest else ""
+            why = self.why(str(value.get("why") or ""))
+            print(f"{pad}{key}: {head}{extra}" + (f": {why}" if why else ""))
+            if isinstance(value.get("state"), dict):
+                state = {k: v for k, v in value["state"].items() if k != "why" and v not in ("", None)}
+                print(f"{pad}  now: {_value('', state)}")
+        elif isinstance(value, dict) and value and any(isinstance(v, dict) for v in value.values()):
+            print(f"{pad}{key}:")
+            for k, v in value.items():
+                self.item(k, v, indent + 2)
+        elif isinstance(value, dict):
+            print(f"{pad}{key}:")
+            for k, v in value.items():
+                text = self.why(v) if k.endswith("why") and isinstance(v, str) else _value(k, v)
+                print(f"{pad}  {k}: {text}")
+        else:
+            text = self.why(value) if key.endswith("why") and isinstance(value, str) else _value(key, value)
+            print(f"{pad}{key}: {text}")
 
 
 def _print_info(info: dict) -> None:
@@ -107,8 +183,8 @@ def _print_info(info: dict) -> None:
     sel = info.get("selected")
     if sel:
         print(f"  selected: {sel['name']} ({sel['reason']})")
-        for name, why in sel["skipped"].items():
-            print(f"  skipped:  {name}: {why}")
+        if sel["skipped"]:  # their reasons are in the vendor list below, once
+            print(f"  skipped:  {', '.join(sel['skipped'])} (unavailable: why, below)")
     else:
         print(f"  ERROR: {info.get('error')}")
     print("\nvendors:")
@@ -120,59 +196,76 @@ def _print_info(info: dict) -> None:
     if info.get("devices"):
         print("\ndevices:")
         for d in info["devices"]:
-            print(f"  {d['ordinal']}: {d['name']}  pci {d['pci_bus_id']}  {d['total_memory'] / 2**30:.1f} GiB")
+            print(f"  {d['ordinal']}: {d['name']}  pci {d['pci_bus_id']}  {human_size(d['total_memory'])}")
     elif info.get("devices_error"):
         print(f"\ndevices: ERROR {info['devices_error']}")
     kernel = info.get("kernel")
     if kernel:
-        print(f"\nkernel module: {kernel.get('why', kernel)}")
+        if kernel.get("why") or not kernel.get("core_loaded"):
+            print(f"\nkernel module: {kernel.get('why') or 'not loaded'}")
+        else:
+            print(f"\nkernel module: loaded (ABI {kernel.get('abi')})")
+            for b in kernel.get("backends", []):
+                print(f"  backend: {_value('', b)}")
+            for d in kernel.get("devices", []):
+                print(f"  device:  {_value('', d)}")
     io = info.get("io")
     if io:
         print("\nI/O:")
+        printer = _Printer()
         for key, value in io.items():
-            if isinstance(value, dict):
-                print(f"  {key}:")
-                for k, v in value.items():
-                    print(f"    {k}: {v}")
-            else:
-                print(f"  {key}: {value}")
+            printer.item(IO_TITLES.get(key, key), value, 2)
     elif info.get("io_error"):
-        print(f"\nI/O: unavailable ({info['io_error']})")
+        print(f"\nI/O: unavailable: {info['io_error']}")
 
 
 def cmd_info(args) -> int:
     info = gather_info()
+    problem = info.pop("_exception", None)
     if args.json:
         print(json.dumps(info, indent=2, default=str))
     else:
         _print_info(info)
-    return 0 if info.get("selected") else 2
+    if problem is not None:
+        raise problem  # after the report: one line on stderr naming what to fix, exit status 2
+    return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(
         prog="phx",
         description="Phoenix: direct-storage I/O between files and accelerator memory. "
         "The vendor is chosen by PHX_VENDOR (auto|host|nvidia|metax|<port>).",
     )
-    sub = parser.add_subparsers(dest="cmd", metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"phx {version()} ({DIST_NAME})")
+    add_debug_flag(parser)
+    sub = parser.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=ArgumentParser)
     p_info = sub.add_parser("info", help="what is selected here and why: vendors, devices, I/O engines and paths")
-    p_info.add_argument("--json", action="store_true", help="print the information as JSON")
+    p_info.add_argument("--json", action="store_true", help="print the information as JSON (sizes in bytes)")
     p_info.set_defaults(func=cmd_info)
-    try:
+    try:  # `phx info` must work (and tell what is wrong) even where a bench cannot load
         from phoenix.bench import cli as bench_cli
-
+    except ImportError as exc:
+        why = describe(exc)
+        p_bench = sub.add_parser("bench", help=f"unavailable here: {why}")
+        p_bench.set_defaults(func=lambda args: (_ for _ in ()).throw(ImportError(f"phx bench cannot load: {why}")))
+    else:
         bench_cli.add_parser(sub)
-    except ImportError:
-        pass
+    return parser
+
+
+def _main(argv: list[str]) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
-        parser.print_help()
+        parser.print_help(sys.stderr)
         return 2
-    try:
-        return args.func(args)
-    except KeyboardInterrupt:
-        return 130
+    return args.func(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``phx`` console script: a user's mistake is one line on stderr and exit status 2."""
+    return run_main("phx", _main, argv)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ and the most concurrent sessions under the threshold.
 
 from __future__ import annotations
 
-import argparse
 import datetime
+import errno
 import json
 import os
 import platform
@@ -16,6 +16,7 @@ import socket
 import sys
 from dataclasses import asdict
 
+from phoenix.cli._run import comma_list, nonnegative_float, positive_int, size, vendor_runtime
 from phoenix.vendor import parse_size
 
 from .compute import DTYPE_BYTES
@@ -31,6 +32,41 @@ def best_concurrency(records: list[dict]) -> dict:
         if r["under_threshold"]:
             out[r["config"]] = max(out[r["config"]], r["concurrency"])
     return out
+
+
+#: the tiers below HBM each configuration loads from
+TIERS = {"dram": ("dram",), "staged": ("dram", "ssd"), "phoenix": ("dram", "ssd")}
+
+
+def tier_warnings(rec: dict) -> list[str]:
+    """The tiers of ``rec``'s configuration it loaded nothing from: such a point does not
+    measure that tier's path (the SSD one, for staged and phoenix, is the point of the bench)."""
+    c = rec["counts"]
+    empty = [t for t in TIERS.get(rec["config"], ()) if c.get(f"{t}_loads", 0) == 0]
+    if not empty:
+        return []
+    names = " and ".join(t.upper() for t in empty)
+    tiers, paths = ("tier", "that path") if len(empty) == 1 else ("tiers", "those paths")
+    return [f"{rec['config']} at concurrency {rec['concurrency']} loaded nothing from the {names} {tiers}: the point "
+            f"does not measure {paths}; more sessions (--concurrency), smaller --hbm / --dram or a longer --duration "
+            "make it load"]
+
+
+LEGEND = """\
+columns:
+  config    dram: KV evicted from DRAM is dropped and recomputed; staged: the SSD tier read by pread into pinned
+            host memory and a synchronous copy (the naive loop); phoenix: the SSD tier read through phoenix
+  conc      concurrent sessions
+  rounds    rounds (requests) that reached their first token within the point's --duration
+  QPS       rounds per second
+  TTFT      time to first token of a round, in seconds (loads of its cached prefix + prefill of the rest):
+            mean, p50 (median), p99
+  hbm       blocks of the rounds' prefixes already in HBM (device memory)
+  dram      blocks loaded from DRAM (pinned host memory)
+  ssd       blocks loaded from the SSD tier (the slab file)
+  recomp    blocks recomputed (not cached, or after the first missing one)
+  GB ld     GB (10^9 bytes) loaded into HBM from DRAM and SSD
+  verified  every loaded block matched its pattern (yes) or not (NO)"""
 
 
 def table(records: list[dict]) -> str:
@@ -50,6 +86,9 @@ def table(records: list[dict]) -> str:
     thr = records[0]["threshold_s"] if records else 0
     lines.append(f"most concurrent sessions with p99 TTFT < {thr:g} s: " +
                  ", ".join(f"{k} {v}" for k, v in best.items()))
+    lines += ["", LEGEND]
+    warned = [w for r in records for w in r.get("warnings", [])]
+    lines += [f"WARNING: {w}" for w in warned]
     return "\n".join(lines)
 
 
@@ -61,7 +100,14 @@ def plot(records: list[dict], path: str, title: str) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed (pip install 'phoenix-direct-storage[bench]'): no plot written"
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    from ..throughput import FONT, plain_log_axis
+
+    with plt.rc_context({"font.size": FONT["base"], "xtick.labelsize": FONT["tick"], "ytick.labelsize": FONT["tick"]}):
+        return _plot(plt, records, path, title, FONT, plain_log_axis)
+
+
+def _plot(plt, records, path, title, FONT, plain_log_axis) -> str:
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
     for cfg in CONFIGS:
         pts = sorted((r["concurrency"], r["ttft_p99_s"], r["qps"]) for r in records if r["config"] == cfg and r["ttft_p99_s"] is not None)
         if not pts:
@@ -70,14 +116,15 @@ def plot(records: list[dict], path: str, title: str) -> str:
         axes[1].plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=cfg)
     if records:
         axes[0].axhline(records[0]["threshold_s"], color="gray", linestyle="--", label=f"threshold {records[0]['threshold_s']:g} s")
+    concs = sorted({r["concurrency"] for r in records})
     for ax, yl in zip(axes, ("p99 TTFT (s)", "rounds per second (QPS)"), strict=True):
-        ax.set_xscale("log", base=2)
+        plain_log_axis(ax, "x", concs)
         ax.set_xlabel("concurrent sessions")
         ax.set_ylabel(yl)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    axes[0].set_yscale("log")
-    fig.suptitle(title, fontsize=9)
+        ax.legend(fontsize=FONT["legend"])
+    plain_log_axis(axes[0], "y", base=10)
+    fig.suptitle(title, fontsize=FONT["suptitle"])
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -91,20 +138,8 @@ DRY_RUN = {"layers": 2, "kv_heads": 2, "head_dim": 64, "q_heads": 4, "hidden": 2
            "duration": 1.5, "time_scale": 0.01, "concurrency": [1, 4], "prefill_chunk": 256}
 
 
-def _ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",") if x]
-
-
-def _configs(s: str) -> list[str]:
-    out = [x for x in s.split(",") if x]
-    bad = [x for x in out if x not in CONFIGS]
-    if bad:
-        raise argparse.ArgumentTypeError(f"unknown config {bad}: choose from {', '.join(CONFIGS)}")
-    return out
-
-
 def _trace_args(p) -> None:
-    p.add_argument("--sessions", type=int, default=64, help="sessions to generate (default 64)")
+    p.add_argument("--sessions", type=positive_int, default=64, help="sessions to generate (default 64)")
     p.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
 
 
@@ -120,32 +155,37 @@ def add_parser(sub) -> None:
         "'phx bench kv-trace gen --out FILE' writes a trace.")
     _trace_args(p)
     p.add_argument("--trace", metavar="FILE", help="replay this trace file instead of generating one")
-    p.add_argument("--configs", type=_configs, default=list(CONFIGS), help="comma-separated of dram,staged,phoenix (default all)")
-    p.add_argument("--concurrency", type=_ints, default=[1, 2, 4, 8, 16], help="concurrent sessions to sweep (default 1,2,4,8,16)")
-    p.add_argument("--threshold", type=float, default=5.0, help="TTFT threshold in seconds (default 5)")
-    p.add_argument("--duration", type=float, default=20.0, help="seconds of replay per (config, concurrency) point (default 20)")
-    p.add_argument("--time-scale", type=float, default=1.0, help="think times are multiplied by this (default 1: real time)")
-    p.add_argument("--token-scale", type=float, default=1.0, help="token counts are multiplied by this (default 1)")
-    p.add_argument("--warm-start", type=float, default=0.6,
+    p.add_argument("--configs", type=comma_list(CONFIGS), default=list(CONFIGS), metavar="{" + ",".join(CONFIGS) + "}[,...]",
+                   help="comma-separated of dram,staged,phoenix (default all)")
+    p.add_argument("--concurrency", type=comma_list(item=positive_int), default=[1, 2, 4, 8, 16], metavar="N[,N...]",
+                   help="concurrent sessions to sweep (default 1,2,4,8,16)")
+    p.add_argument("--threshold", type=nonnegative_float, default=5.0, help="TTFT threshold in seconds (default 5)")
+    p.add_argument("--duration", type=nonnegative_float, default=20.0,
+                   help="seconds of replay per (config, concurrency) point (default 20)")
+    p.add_argument("--time-scale", type=nonnegative_float, default=1.0,
+                   help="think times are multiplied by this (default 1: real time)")
+    p.add_argument("--token-scale", type=nonnegative_float, default=1.0,
+                   help="token counts are multiplied by this (default 1)")
+    p.add_argument("--warm-start", type=nonnegative_float, default=0.6,
                    help="initial sessions start at a round drawn from the first FRACTION of their rounds, their history "
                    "already cached (default 0.6; 0: from round 0)")
     g = p.add_argument_group("model geometry (bytes per token = layers x 2 x kv-heads x head-dim x dtype)")
-    g.add_argument("--layers", type=int, default=32)
-    g.add_argument("--kv-heads", type=int, default=8)
-    g.add_argument("--head-dim", type=int, default=128)
-    g.add_argument("--q-heads", type=int, default=32)
+    g.add_argument("--layers", type=positive_int, default=32)
+    g.add_argument("--kv-heads", type=positive_int, default=8)
+    g.add_argument("--head-dim", type=positive_int, default=128)
+    g.add_argument("--q-heads", type=positive_int, default=32)
     g.add_argument("--hidden", type=int, default=0, help="hidden size (default q-heads x head-dim)")
-    g.add_argument("--ffn", type=int, default=14336, help="FFN intermediate size (default 14336)")
+    g.add_argument("--ffn", type=positive_int, default=14336, help="FFN intermediate size (default 14336)")
     g.add_argument("--dtype", default="fp16", choices=list(DTYPE_BYTES))
     t = p.add_argument_group("tiers")
-    t.add_argument("--block-tokens", type=int, default=256, help="tokens per KV block (default 256)")
-    t.add_argument("--hbm", type=parse_size, default=parse_size("8G"), help="HBM tier capacity (default 8G)")
-    t.add_argument("--dram", type=parse_size, default=parse_size("8G"), help="DRAM tier capacity, pinned (default 8G)")
-    t.add_argument("--ssd", type=parse_size, default=parse_size("32G"),
+    t.add_argument("--block-tokens", type=positive_int, default=256, help="tokens per KV block (default 256)")
+    t.add_argument("--hbm", type=size, default=parse_size("8G"), help="HBM tier capacity (default 8G)")
+    t.add_argument("--dram", type=size, default=parse_size("8G"), help="DRAM tier capacity, pinned (default 8G)")
+    t.add_argument("--ssd", type=size, default=parse_size("32G"),
                    help="SSD tier capacity for blocks demoted during the replay (default 32G; history comes on top)")
     t.add_argument("--slab", default="/tmp/phx-kvtrace.slab", help="slab file of the SSD tier (and SLAB.history)")
     t.add_argument("--keep-slab", action="store_true", help="leave the slab files in place")
-    p.add_argument("--prefill-chunk", type=int, default=4096, help="chunked prefill: tokens per chunk (default 4096)")
+    p.add_argument("--prefill-chunk", type=positive_int, default=4096, help="chunked prefill: tokens per chunk (default 4096)")
     p.add_argument("--compute", default="auto", choices=["auto", "torch", "cupy", "numpy"],
                    help="prefill backend (default auto: torch, else CuPy on GPUs; NumPy on the host vendor)")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="do not poison and check loaded blocks")
@@ -195,14 +235,15 @@ def _meta(args, rp, stats) -> dict:
     }
 
 
-def run(args, log=print, on_record=None) -> list[dict]:
-    """Every (concurrency, config) point; ``on_record(records)`` after each (partial results survive a kill)."""
+def run(args, log=print, on_record=None, records: list[dict] | None = None) -> list[dict]:
+    """Every (concurrency, config) point, appended to ``records`` as it finishes;
+    ``on_record(records)`` after each (partial results survive a kill)."""
     if args.dry_run:
         apply_dry_run(args)
     trace = read_trace(args.trace) if args.trace else generate(args.sessions, args.seed)
     stats = trace_stats(trace)
     rp = Replayer(args, trace, log=log)
-    records: list[dict] = []
+    records = records if records is not None else []
     try:
         log(f"kv-trace: vendor {rp.rt.name}{' (TEST DOUBLE: device memory is host memory)' if rp.rt.is_test_double else ''}, "
             f"compute {rp.backend.label}; {rp.geo.bytes_per_token >> 10} KiB/token, block {rp.bb >> 10} KiB "
@@ -217,10 +258,13 @@ def run(args, log=print, on_record=None) -> list[dict]:
                 rec = rp.run_point(cfg, conc)
                 rec["label"] = args.label
                 rec["meta"] = meta
+                rec["warnings"] = tier_warnings(rec)
                 records.append(rec)
+                empty = [t.upper() for t in TIERS.get(cfg, ()) if rec["counts"].get(f"{t}_loads", 0) == 0]
                 log(f"  {cfg:<8} conc {conc:>3}: {rec['rounds']} rounds, p99 TTFT "
                     f"{rec['ttft_p99_s'] if rec['ttft_p99_s'] is None else round(rec['ttft_p99_s'], 3)} s, "
-                    f"QPS {rec['qps']:.2f}{'' if rec['verified'] else ', VERIFICATION FAILED'}")
+                    f"QPS {rec['qps']:.2f}{'' if rec['verified'] else ', VERIFICATION FAILED'}"
+                    f"{'; WARNING: loaded nothing from ' + ' or '.join(empty) if empty else ''}")
                 if on_record:
                     on_record(records)
     finally:
@@ -236,7 +280,19 @@ def _write_json(path: str, records: list[dict]) -> None:
 
 
 def main(args) -> int:
-    records = run(args, on_record=(lambda recs: _write_json(args.json, recs)) if args.json else None)
+    if args.trace and not os.path.isfile(args.trace):
+        raise FileNotFoundError(errno.ENOENT, f"--trace {args.trace}: no such file; write one with "
+                                "'phx bench kv-trace gen --out FILE', or leave --trace out to generate the trace")
+    vendor_runtime(select_only=True)  # an unknown or unusable PHX_VENDOR says what to set, before any work
+    records: list[dict] = []
+    try:
+        run(args, on_record=(lambda recs: _write_json(args.json, recs)) if args.json else None, records=records)
+    except BaseException as exc:  # the points that finished are reported, then the error (phoenix.cli._run)
+        if records:
+            why = "an interrupt" if isinstance(exc, KeyboardInterrupt) else "an error (the last line says which)"
+            print(f"stopped by {why} after {len(records)} points; the points before it:")
+            print(table(records))
+        raise
     print(table(records))
     if records and records[0]["test_double"]:
         print(f"\nvendor {records[0]['vendor']} is a test double: 'device memory' is host memory and the prefill is a CPU "

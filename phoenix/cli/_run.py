@@ -1,0 +1,243 @@
+"""The one way a phoenix command line runs: a user's mistake ends as one line and exit status 2.
+
+CLI side, control plane. Every command (``phx``, ``phx info``, ``phx bench [kv-trace |
+loader]``, ``phx-port``, ``python -m phoenix.phxloader``) runs through :func:`run_main`:
+
+* :class:`~phoenix.errors.PhxError`, ``ValueError``, ``OSError`` and ``ImportError`` (what
+  a user can act on: a vendor name, a setting, a path, a missing extra) become
+  ``<prog>: <message>`` on stderr, one line, exit status 2; ``KeyboardInterrupt`` becomes
+  ``<prog>: interrupted``, exit status 130. Any other exception is a bug and keeps its
+  traceback.
+* ``--debug`` (anywhere before a ``--``; also ``PHX_DEBUG=1``) shows the traceback instead.
+* :class:`ArgumentParser` reports a bad option in one line too (a missing one after the usage) (``<prog>: --size: 'abc' is
+  not a size (examples: 64M, 1G, 4096) (see 'phx bench --help')``), and the option types
+  below name the valid values, so that a typo is refused instead of measuring nothing.
+
+What must stay true: nothing here imports phoenix's I/O stack or a vendor (``phx
+--version`` and a parse error cost no more than argparse), and the message of an error is
+the error's own text: the code that raises says what to fix, this module only formats it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+
+DIST_NAME = "phoenix-direct-storage"
+EXIT_USAGE = 2  #: a user mistake: bad option, bad setting, bad path, unusable vendor
+EXIT_INTERRUPTED = 130  #: Ctrl-C (128 + SIGINT)
+DEBUG_FLAG = "--debug"
+DEBUG_HELP = "on an error, show its traceback instead of one line (also PHX_DEBUG=1)"
+
+# the prog of the innermost parser that parsed the command line (``phx bench kv-trace``),
+# so that an error names the subcommand the user typed; set by ArgumentParser
+_parsed_prog: list[str] = []
+
+
+def version() -> str:
+    """The installed distribution's version; ``phoenix.__version__`` in a source tree."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(DIST_NAME)
+    except importlib.metadata.PackageNotFoundError:
+        import phoenix
+
+        return getattr(phoenix, "__version__", "unknown")
+
+
+# ---- errors ------------------------------------------------------------------------------------
+
+#: what a user can act on; anything else is a bug and keeps its traceback
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, ImportError)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from phoenix.errors import PhxError
+    except ImportError:  # the package itself does not import (e.g. a clash): still one line
+        return USER_ERRORS
+    return (PhxError, *USER_ERRORS)
+
+
+def describe(exc: BaseException) -> str:
+    """One line for ``exc``: its message, the file name once (OSError), newlines folded."""
+    if isinstance(exc, OSError) and exc.strerror:
+        msg = exc.strerror
+        names = [os.fsdecode(n) for n in (exc.filename, exc.filename2) if n is not None]
+        names = [n for n in names if n not in msg]
+        if names:
+            msg = f"{' -> '.join(names)}: {msg}"
+    else:
+        msg = str(exc)
+        if isinstance(exc, KeyError) and len(exc.args) == 1:
+            msg = str(exc.args[0])  # not repr'd
+    msg = " ".join(part.strip() for part in msg.splitlines() if part.strip())
+    return msg or type(exc).__name__
+
+
+def debug_requested(argv: Sequence[str] = ()) -> bool:
+    """``--debug`` among our arguments (before a ``--``), or ``PHX_DEBUG`` set to a true value."""
+    ours = list(argv)[: list(argv).index("--")] if "--" in argv else list(argv)
+    env = os.environ.get("PHX_DEBUG", "").strip().lower()
+    return DEBUG_FLAG in ours or env not in ("", "0", "false", "no", "off")
+
+
+def take_debug(argv: Sequence[str]) -> tuple[list[str], bool]:
+    """``argv`` without ``--debug`` (before a ``--``), and whether a traceback was asked for."""
+    argv = list(argv)
+    debug = debug_requested(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    return [a for a in argv[:cut] if a != DEBUG_FLAG] + argv[cut:], debug
+
+
+def guarded(prog: str, fn: Callable[[], int | None], *, debug: bool = False) -> int:
+    """Run ``fn()``; its exit status, or 2 with one line on stderr for a user's mistake."""
+    try:
+        rc = fn()
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        _say(_prog(prog), "interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `phx ... | head`: the reader left; not an error of ours
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer the pipe closed on
+    except BaseException as exc:
+        if debug or isinstance(exc, SystemExit) or not isinstance(exc, _user_errors()):
+            raise
+        _say(_prog(prog), describe(exc))
+        return EXIT_USAGE
+    return 0 if rc is None else int(rc)
+
+
+def run_main(prog: str, main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None) -> int:
+    """What a console script's ``main(argv)`` calls: ``--debug`` taken out, then
+    ``main(argv)`` :func:`guarded`. Errors name the innermost subcommand parsed."""
+    argv, debug = take_debug(sys.argv[1:] if argv is None else argv)
+    _parsed_prog.clear()
+    return guarded(prog, lambda: main(argv), debug=debug)
+
+
+def _prog(default: str) -> str:
+    return _parsed_prog[0] if _parsed_prog else default
+
+
+def _say(prog: str, message: str) -> None:
+    sys.stdout.flush()  # what was printed before the error stays above it
+    print(f"{prog}: {message}", file=sys.stderr, flush=True)
+
+
+def vendor_runtime(select_only: bool = False):
+    """The runtime of the vendor ``PHX_VENDOR`` selects (``select_only``: its Selection, no
+    runtime made), for a command that needs one: an unknown name lists the installed ones, and
+    an explicitly named vendor that cannot serve says what to set instead. Called by every
+    bench, so that a vendor typo is never ignored (even where only host memory is used)."""
+    from phoenix import registry
+    from phoenix.errors import VendorUnavailable
+
+    try:
+        return registry.select() if select_only else registry.get_runtime()
+    except VendorUnavailable as exc:
+        named = os.environ.get("PHX_VENDOR", "auto").strip()
+        if named in ("", "auto"):
+            raise
+        raise VendorUnavailable(f"PHX_VENDOR={named}: {exc}; set PHX_VENDOR=auto (or host) to use what is usable "
+                                "here ('phx info' lists the vendors)") from exc
+
+
+# ---- argparse ----------------------------------------------------------------------------------
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors (``<prog>: <message> (see '<prog> --help')``, exit 2);
+    its subparsers are of this class too. Records the innermost parser's prog for
+    :func:`run_main`."""
+
+    def error(self, message: str):
+        # something missing (no command, no FILE): the usage shows what to give; a wrong
+        # value: one line that names it
+        usage = self.format_usage() if message.startswith("the following arguments are required") else ""
+        message = message.removeprefix("argument ")
+        self.exit(EXIT_USAGE, f"{usage}{self.prog}: {message} (see '{self.prog} --help')\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, rest = super().parse_known_args(args, namespace)
+        if not _parsed_prog:  # the innermost parser returns first
+            _parsed_prog.append(self.prog)
+        return ns, rest
+
+
+def add_debug_flag(parser: argparse.ArgumentParser) -> None:
+    """Show ``--debug`` in the help; :func:`take_debug` removes it before parsing, so that it
+    works after any subcommand too."""
+    parser.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
+
+
+SIZE_EXAMPLES = "examples: 64M, 1G, 4096"
+
+
+def size(text: str) -> int:
+    """An argparse type: bytes from ``4096``, ``64K``, ``16M``, ``2G``, ``1.5G``, ``64KiB``."""
+    from phoenix.vendor import parse_size
+
+    try:
+        return parse_size(text)
+    except (ValueError, TypeError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size ({SIZE_EXAMPLES})") from None
+
+
+def positive_size(text: str) -> int:
+    """:func:`size`, more than zero."""
+    n = size(text)
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the size must be more than 0 ({SIZE_EXAMPLES})")
+    return n
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return n
+
+
+def nonnegative_float(text: str) -> float:
+    """An argparse type: a number of at least 0."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not x >= 0 or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a number of at least 0")
+    return x
+
+
+def comma_list(choices: Iterable[str] | None = None, item: Callable[[str], object] = str) -> Callable[[str], list]:
+    """An argparse type for ``a,b,c``: each item converted by ``item`` and, with ``choices``,
+    one of them (else the error lists the valid values); at least one item."""
+    valid = list(choices) if choices is not None else None
+
+    def parse(text: str) -> list:
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if not parts:
+            raise argparse.ArgumentTypeError(f"{text!r}: give at least one value" +
+                                             (f" of {', '.join(valid)}" if valid else ""))
+        if valid is not None:
+            bad = [p for p in parts if p not in valid]
+            if bad:
+                raise argparse.ArgumentTypeError(
+                    f"{', '.join(map(repr, bad))} {'is' if len(bad) == 1 else 'are'} not one of {', '.join(valid)}")
+        return [item(p) for p in parts]
+
+    parse.__name__ = "list"
+    return parse

@@ -1,0 +1,288 @@
+"""The user boundary of every command line: a user's mistake is one line on stderr naming
+what to fix, exit status 2, never a traceback (``--debug`` shows it); ``phx --version``.
+
+Each case runs the command as a user would (a subprocess, the host vendor where a vendor
+is needed) and checks: exit status 2, exactly one line on stderr, no "Traceback", and the
+words that name the thing to fix.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from phoenix.cli import _run
+
+PHX = [sys.executable, "-P", "-m", "phoenix.cli.phx"]
+SMALL = ["--size", "8M", "--chunk", "4M", "--threads", "1", "--reps", "1", "--quiet"]
+
+
+def _run_cmd(cmd, env=None, preexec_fn=None, timeout=240):
+    full_env = dict(os.environ, PHX_VENDOR="host")
+    full_env.pop("PHX_DEBUG", None)
+    full_env.update(env or {})
+    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn)
+
+
+def assert_one_line(p, prog, *names):
+    """Exit status 2, one stderr line ``<prog>: ...`` without a traceback, naming each of ``names``."""
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2, (p.returncode, p.stdout[-2000:], p.stderr)
+    assert "Traceback" not in p.stderr, p.stderr
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith(f"{prog}: "), lines[0]
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+    return lines[0]
+
+
+def _drop_dac_override():
+    """In the child, as root: give up CAP_DAC_OVERRIDE, so that file modes hold for it too."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(24, 1, 0, 0, 0)  # PR_CAPBSET_DROP, CAP_DAC_OVERRIDE: gone from the exec'd program
+
+
+@pytest.fixture(scope="module")
+def modes_hold(tmp_path_factory):
+    """A preexec_fn under which a mode-0444 file cannot be written (None: not needed), or skip."""
+    if os.geteuid() != 0:
+        return None
+    probe = tmp_path_factory.mktemp("ro") / "probe"
+    probe.write_text("x")
+    probe.chmod(0o444)
+    p = subprocess.run([sys.executable, "-c", f"open({str(probe)!r}, 'a')"], preexec_fn=_drop_dac_override,
+                       capture_output=True, text=True)
+    if p.returncode == 0:
+        pytest.skip("running as root and CAP_DAC_OVERRIDE cannot be dropped: file modes do not hold")
+    return _drop_dac_override
+
+
+# ---- phx bench -----------------------------------------------------------------------------------
+
+
+def test_unknown_vendor(tmp_path):
+    p = _run_cmd(PHX + ["bench", "--file", str(tmp_path / "b.bin"), *SMALL], env={"PHX_VENDOR": "nosuch"})
+    assert_one_line(p, "phx bench", "'nosuch'", "PHX_VENDOR", "host")
+
+
+def test_unusable_vendor(tmp_path):
+    from phoenix import registry
+
+    entry = registry.discover().get("nvidia")
+    if entry is None or entry.probe().usable:
+        pytest.skip("needs the nvidia vendor installed and unusable here")
+    p = _run_cmd(PHX + ["bench", "--file", str(tmp_path / "b.bin"), *SMALL], env={"PHX_VENDOR": "nvidia"})
+    assert_one_line(p, "phx bench", "PHX_VENDOR=nvidia", "cannot serve here", "PHX_VENDOR=auto")
+
+
+def test_missing_directory(tmp_path):
+    path = tmp_path / "no" / "such" / "b.bin"
+    p = _run_cmd(PHX + ["bench", "--file", str(path), *SMALL])
+    assert_one_line(p, "phx bench", "--file", str(path.parent), "does not exist")
+
+
+def test_file_is_a_directory(tmp_path):
+    p = _run_cmd(PHX + ["bench", "--file", str(tmp_path), *SMALL])
+    assert_one_line(p, "phx bench", "--file", "is a directory")
+
+
+def test_read_only_directory(tmp_path, modes_hold):
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o555)
+    try:
+        p = _run_cmd(PHX + ["bench", "--file", str(d / "b.bin"), *SMALL], preexec_fn=modes_hold)
+    finally:
+        d.chmod(0o755)
+    assert_one_line(p, "phx bench", "--file", "cannot create", "read-only", "writable directory")
+
+
+def test_read_only_file_keeps_the_reads(tmp_path, modes_hold):
+    """The reads run, then the write is refused: the reads' records are printed and written."""
+    path = tmp_path / "b.bin"
+    path.write_bytes(os.urandom(8 << 20))
+    path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+    out = tmp_path / "b.json"
+    p = _run_cmd(PHX + ["bench", "--file", str(path), "--ops", "read,write", "--json", str(out), *SMALL],
+                 preexec_fn=modes_hold)
+    assert_one_line(p, "phx bench", "--file", "read-only", "--ops read")
+    recs = json.loads(out.read_text())
+    assert recs and {r["op"] for r in recs} == {"read"}, recs
+    assert {r["impl"] for r in recs} >= {"raw_odirect", "phoenix"}
+    assert all("meta" in r for r in recs)
+    assert "stopped by an error" in p.stdout and "read      cold" in p.stdout and "columns:" in p.stdout
+
+
+def test_bad_chunk_size_setting(tmp_path):
+    p = _run_cmd(PHX + ["bench", "--file", str(tmp_path / "b.bin"), *SMALL], env={"PHX_CHUNK_SIZE": "abc"})
+    assert_one_line(p, "phx bench", "PHX_CHUNK_SIZE", "'abc'")
+    assert not (tmp_path / "b.bin").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("argv,names", [
+    (["--ops", "raed"], ["--ops", "'raed'", "read, write, randread"]),
+    (["--temperature", "hot"], ["--temperature", "'hot'", "cold, warm"]),
+    (["--size", "abc"], ["--size", "'abc' is not a size", "64M"]),
+    (["--chunk", "0"], ["--chunk", "more than 0"]),
+    (["--threads", "1,x"], ["--threads", "'x'"]),
+    (["--reps", "0"], ["--reps", "at least 1"]),
+])
+def test_bad_options_are_refused_in_one_line(argv, names):
+    p = _run_cmd(PHX + ["bench", *argv])
+    assert_one_line(p, "phx bench", *names, "phx bench --help")
+    assert p.stdout == ""  # no empty table
+
+
+def test_unknown_option_and_command():
+    p = _run_cmd(PHX + ["bench", "--no-such-option"])
+    assert_one_line(p, "phx", "unrecognized arguments", "--no-such-option")
+    p = _run_cmd(PHX + ["bnech"])
+    assert_one_line(p, "phx", "'bnech'", "info", "bench")
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    cmd = PHX + ["bench", "--file", str(tmp_path / "b.bin"), *SMALL]
+    for extra, env in ((["--debug"], {}), ([], {"PHX_DEBUG": "1"})):
+        p = _run_cmd(cmd + extra, env={"PHX_CHUNK_SIZE": "abc", **env})
+        assert p.returncode != 0 and "Traceback" in p.stderr and "PHX_CHUNK_SIZE" in p.stderr, p.stderr
+
+
+# ---- phx bench loader, kv-trace; phx info ---------------------------------------------------------
+
+
+def test_loader_cuda_without_cuda(tmp_path):
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
+    except ImportError:
+        pass
+    p = _run_cmd(PHX + ["bench", "loader", str(tmp_path / "m.safetensors"), "--device", "cuda"])
+    assert_one_line(p, "phx bench loader", "--device cuda", "no CUDA", "--device phx", "'host'", "--device cpu")
+
+
+def test_loader_vendor_typo_is_not_ignored_for_host_memory(tmp_path):
+    p = _run_cmd(PHX + ["bench", "loader", str(tmp_path / "m.safetensors"), "--device", "cpu"],
+                 env={"PHX_VENDOR": "hots"})
+    assert_one_line(p, "phx bench loader", "'hots'", "PHX_VENDOR")
+
+
+def test_loader_missing_file_and_bad_device(tmp_path):
+    p = _run_cmd(PHX + ["bench", "loader", str(tmp_path / "m.safetensors"), "--device", "cpu"])
+    assert_one_line(p, "phx bench loader", "m.safetensors", "no such file", "--make")
+    p = _run_cmd(PHX + ["bench", "loader", "m.safetensors", "--device", "gpu"])
+    assert_one_line(p, "phx bench loader", "--device", "'gpu'", "cuda[:N]")
+
+
+def test_python_m_phxloader_points_to_the_bench():
+    p = _run_cmd([sys.executable, "-P", "-m", "phoenix.phxloader", "bench", "x.safetensors"])
+    assert_one_line(p, "python -m phoenix.phxloader", "phx bench loader")
+
+
+def test_kv_trace_mistakes(tmp_path):
+    p = _run_cmd(PHX + ["bench", "kv-trace", "--configs", "dram,fast"])
+    assert_one_line(p, "phx bench kv-trace", "--configs", "'fast'", "dram, staged, phoenix")
+    p = _run_cmd(PHX + ["bench", "kv-trace", "--dry-run", "--slab", str(tmp_path / "s")], env={"PHX_VENDOR": "nosuch"})
+    assert_one_line(p, "phx bench kv-trace", "'nosuch'", "PHX_VENDOR")
+    p = _run_cmd(PHX + ["bench", "kv-trace", "--trace", str(tmp_path / "none.jsonl")])
+    assert_one_line(p, "phx bench kv-trace", "--trace", "no such file", "kv-trace gen")
+
+
+def test_info_with_a_bad_engine_setting():
+    p = _run_cmd(PHX + ["info"], env={"PHX_IO_ENGINE": "bogus"})
+    assert_one_line(p, "phx info", "PHX_IO_ENGINE", "'bogus'", "io_uring")
+    assert "vendors:" in p.stdout  # the report still comes, the reason last
+    p = _run_cmd(PHX + ["info", "--json"], env={"PHX_IO_ENGINE": "bogus"})
+    assert_one_line(p, "phx info", "PHX_IO_ENGINE")
+    assert "PHX_IO_ENGINE" in json.loads(p.stdout)["io_error"]
+
+
+def test_info_with_an_unknown_vendor():
+    p = _run_cmd(PHX + ["info"], env={"PHX_VENDOR": "nosuch"})
+    assert_one_line(p, "phx info", "'nosuch'", "PHX_VENDOR")
+
+
+def test_info_is_readable():
+    p = _run_cmd(PHX + ["info"])
+    assert p.returncode == 0, p.stderr
+    assert "{'" not in p.stdout and "GiB" in p.stdout, p.stdout  # no dict reprs; human sizes
+    long_reasons = [ln.split(": ", 1)[1] for ln in p.stdout.splitlines() if ": " in ln and len(ln) > 90]
+    assert len(long_reasons) == len(set(long_reasons)), "a long reason is printed twice"
+    j = json.loads(_run_cmd(PHX + ["info", "--json"]).stdout)
+    assert isinstance(j["io"]["settings"]["chunk_size"], int)  # exact bytes in JSON
+
+
+# ---- phx --version, phx with no command ----------------------------------------------------------
+
+
+def test_version():
+    p = _run_cmd(PHX + ["--version"])
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split()[:2] == ["phx", importlib.metadata.version("phoenix-direct-storage")]
+
+
+def test_no_command_prints_help_and_exits_2():
+    p = _run_cmd(PHX)
+    assert p.returncode == 2 and "usage: phx" in p.stderr and "Traceback" not in p.stderr
+
+
+# ---- the runner, in process ----------------------------------------------------------------------
+
+
+def test_runner_maps_errors_to_one_line(capsys):
+    from phoenix.errors import UnknownVendorError
+
+    def boom(exc):
+        def fn():
+            raise exc
+        return fn
+
+    assert _run.guarded("x", boom(KeyboardInterrupt())) == 130
+    assert capsys.readouterr().err == "x: interrupted\n"
+    assert _run.guarded("x", boom(UnknownVendorError("nosuch", ["host"]))) == 2
+    assert capsys.readouterr().err.startswith("x: unknown vendor 'nosuch'")
+    assert _run.guarded("x", boom(ValueError("first\nsecond"))) == 2
+    assert capsys.readouterr().err == "x: first second\n"
+    assert _run.guarded("x", lambda: None) == 0 and _run.guarded("x", lambda: 3) == 3
+    with pytest.raises(RuntimeError):  # a bug keeps its traceback
+        _run.guarded("x", boom(RuntimeError("bug")))
+    with pytest.raises(ValueError):
+        _run.guarded("x", boom(ValueError("v")), debug=True)
+
+
+def test_describe_names_a_file_once():
+    assert _run.describe(FileNotFoundError(2, "No such file or directory", "/a/b")) == "/a/b: No such file or directory"
+    assert _run.describe(PermissionError(13, "cannot write /a/b: Permission denied", "/a/b")) == \
+        "cannot write /a/b: Permission denied"
+    assert _run.describe(KeyError("k")) == "k"
+
+
+def test_take_debug_stops_at_double_dash(monkeypatch):
+    monkeypatch.delenv("PHX_DEBUG", raising=False)
+    assert _run.take_debug(["bench", "--debug", "--size", "1M"]) == (["bench", "--size", "1M"], True)
+    assert _run.take_debug(["test", "host", "--", "--debug"]) == (["test", "host", "--", "--debug"], False)
+    monkeypatch.setenv("PHX_DEBUG", "0")
+    assert _run.take_debug(["info"]) == (["info"], False)
+    monkeypatch.setenv("PHX_DEBUG", "1")
+    assert _run.take_debug(["info"]) == (["info"], True)
+
+
+def test_size_and_list_types():
+    import argparse
+
+    assert _run.size("64K") == 64 << 10 and _run.positive_size("1G") == 1 << 30
+    with pytest.raises(argparse.ArgumentTypeError, match="is not a size"):
+        _run.size("abc")
+    parse = _run.comma_list(["read", "write"])
+    assert parse("read, write") == ["read", "write"]
+    with pytest.raises(argparse.ArgumentTypeError, match="'raed' is not one of read, write"):
+        parse("raed")
+    assert _run.comma_list(item=_run.positive_int)("1,4,16") == [1, 4, 16]
