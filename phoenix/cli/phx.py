@@ -10,7 +10,6 @@ from phoenix.bench.cli (the CLI is the benchmarks' only importer).
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
 import platform
@@ -18,27 +17,16 @@ import sys
 
 from ._run import DIST_NAME, ArgumentParser, add_debug_flag, describe, run_main, version
 
-#: distributions known to install an import package named `phoenix` too
-CLASHING_DISTS = ("arize-phoenix",)
-
 
 def import_clashes() -> list[str]:
-    """Other installed distributions that also provide the ``phoenix`` import package."""
-    found = []
-    for dist in importlib.metadata.distributions():
-        name = (dist.metadata.get("Name") or "").lower()
-        if name == DIST_NAME:
-            continue
-        top = (dist.read_text("top_level.txt") or "").split()
-        files = dist.files or []
-        provides = "phoenix" in top or any(str(f).startswith("phoenix/") for f in files[:2000])
-        if provides or name in CLASHING_DISTS:
-            found.append(
-                f"{dist.metadata.get('Name')} {dist.version} also installs an import package named "
-                f"'phoenix' (files of the two overwrite each other): install {DIST_NAME} in its own "
-                "virtual environment"
-            )
-    return found
+    """Other installed distributions that also provide the ``phoenix`` import package (the
+    console scripts' entry refuses to start on one; shown here for ``phx info --json``)."""
+    try:
+        from _phx_entry import clash_message
+    except ImportError:  # a source tree whose top level is not on the path
+        return []
+    message = clash_message()
+    return [message] if message else []
 
 
 def gather_info() -> dict:
@@ -54,7 +42,7 @@ def gather_info() -> dict:
         "platform": platform.platform(),
         "package_path": os.path.dirname(phoenix.__file__),
         "clashes": import_clashes(),
-        "PHX_VENDOR": os.environ.get("PHX_VENDOR", "auto"),
+        "PHX_VENDOR": phoenix.settings.effective("vendor"),
     }
     vendors = registry.discover()
     rows = []

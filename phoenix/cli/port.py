@@ -27,6 +27,8 @@ import sys
 from phoenix import registry
 from phoenix.errors import UnknownVendorError
 
+from ._run import ArgumentParser, add_debug_flag, run_main
+
 DEFAULT_REPORT_DIR = "phx-report"
 
 EPILOG_TEST = """\
@@ -62,11 +64,12 @@ package in the phoenix.vendors group), PHX_VENDOR_PATH (a directory holding
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="phx-port",
         description="Port phoenix to an accelerator: check a vendor port against the conformance suite.",
         epilog="Start with `phx-port list`, then `phx-port test <name>` until every capability passes.",
     )
+    add_debug_flag(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     _add_new(sub)
@@ -396,7 +399,11 @@ def _emulate(entry, env: dict, announce: bool = True) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The ``phx-port`` console script: a user's mistake is one line on stderr and exit status 2."""
+    return run_main("phx-port", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
     ours, passthrough = argv, []
     if "--" in argv:
         cut = argv.index("--")
