@@ -42,6 +42,7 @@ UNUSABLE = """
 
     class Runtime(VendorRuntime):
         name = "unusable"
+        auto_priority = 10  # a candidate for auto: probed, and its reason recorded
 
         @classmethod
         def probe(cls):
@@ -53,6 +54,7 @@ PROBE_RAISES = """
 
     class Runtime(VendorRuntime):
         name = "probe_raises"
+        auto_priority = 10
 
         @classmethod
         def probe(cls):
