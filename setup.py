@@ -30,7 +30,7 @@ PHXBENCH = "phoenix.bench.libphxbench"
 # libphxhostrt.so (phoenix/_testing/hostrt/): the host reference runtime, a TEST DOUBLE
 # that vendors/host/runtime.py finds by path and binds like any vendor runtime; built
 # beside its sources the same way, so the C core holds no phxh* symbol. The emulator
-# builds the same hostrt.c with other prefixes from the shipped sources.
+# builds the same hostrt*.c with other prefixes from the shipped sources.
 HOSTRT = "phoenix._testing.hostrt.libphxhostrt"
 PLAIN_LIBRARIES = {PHXFILE, PHXBENCH, HOSTRT}  # exact file names lib<name>.so, no ABI tag, no PyInit_
 
@@ -132,7 +132,8 @@ setup(
         ),
         _extension(
             HOSTRT,
-            sources=["phoenix/_testing/hostrt/hostrt.c", "phoenix/_testing/hostrt/phx_testing.c"],
+            # hostrt*.c (the runtime, in pieces: hostrt.c says which) and phx_testing.c (test hooks)
+            sources=sorted(glob.glob("phoenix/_testing/hostrt/*.c")),
             include_dirs=["phoenix/_testing/hostrt"],
             extra_compile_args=["-O2", "-std=gnu11", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             extra_link_args=["-pthread", "-Wl,-soname,libphxhostrt.so"],

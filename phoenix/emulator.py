@@ -6,7 +6,8 @@ its devices are named "Phoenix emulated <prefix> device (test double)", it expor
 its directory holds ``EMULATED-RUNTIME.txt``, and ``phx-port test --emulated`` marks
 the report "emulated runtime (test double)".
 
-There is one emulator source: ``phoenix/_testing/hostrt/hostrt.c``, the strict host
+There is one emulator source: ``phoenix/_testing/hostrt/hostrt*.c`` (``hostrt.c`` and
+its pieces, :func:`source_files`), the strict host
 runtime the host vendor binds as ``libphxhostrt.so`` (device memory that faults when
 freed, streams as ordered worker threads, CUDA's error numbers, strict copy kinds).
 Built with another symbol prefix and library name (``mc`` as ``libmcruntime.so``,
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import glob
 import hashlib
 import json
 import os
@@ -77,9 +79,22 @@ class Emulator:
 
 
 def source_path() -> str:
-    """The emulator's C source: the host runtime shipped in the package (``phoenix/_testing/hostrt/hostrt.c``)."""
+    """The emulator's main C source: the host runtime shipped in the package (``phoenix/_testing/hostrt/hostrt.c``)."""
     # a path, not an import: importing phoenix._testing would load its test hooks
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_testing", "hostrt", "hostrt.c")
+
+
+def source_files() -> list[str]:
+    """Every C source an emulator is built from: ``hostrt.c`` and its pieces (``hostrt_*.c``).
+
+    Not ``phx_testing.c``: those are test hooks of ``libphxhostrt.so`` only.
+    """
+    return sorted(glob.glob(os.path.join(os.path.dirname(source_path()), "hostrt*.c")))
+
+
+def _hashed_files() -> list[str]:
+    """What a build depends on: the sources and the headers beside them (``hostrt*.h``)."""
+    return source_files() + sorted(glob.glob(os.path.join(os.path.dirname(source_path()), "hostrt*.h")))
 
 
 def compiler() -> str | None:
@@ -137,10 +152,11 @@ def build(prefix: str, library_name: str, *, pointer_layout: str = "type", drive
         flags.append(f"-DPHXRT_DRIVER_PREFIX={driver_prefix}")
     if version is not None:
         flags.append(f"-DPHXRT_VERSION={int(version)}")
+    sources = source_files()
     digest = hashlib.sha256()
-    for path in (src, os.path.join(os.path.dirname(src), "hostrt.h")):
+    for path in _hashed_files():  # a change to any piece or header is another build
         with open(path, "rb") as fh:
-            digest.update(fh.read())
+            digest.update(os.path.basename(path).encode() + b"\0" + fh.read())
     digest.update(json.dumps([cc, flags, library_name]).encode())
     root = os.path.join(cache or cache_dir(), f"{prefix}-{digest.hexdigest()[:16]}")
     libdir = os.path.join(root, "lib")
@@ -153,7 +169,7 @@ def build(prefix: str, library_name: str, *, pointer_layout: str = "type", drive
     # build beside the target and rename: concurrent builds of the same emulator are safe
     fd, tmp = tempfile.mkstemp(prefix=f".{library_name}.", suffix=".tmp", dir=libdir)
     os.close(fd)
-    cmd = [cc, *flags, "-I", os.path.dirname(src), src, "-o", tmp]
+    cmd = [cc, *flags, "-I", os.path.dirname(src), *sources, "-o", tmp]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -161,7 +177,8 @@ def build(prefix: str, library_name: str, *, pointer_layout: str = "type", drive
                                 f"{(proc.stderr or proc.stdout).strip()[-3000:]}")
         with open(os.path.join(root, MARKER_FILE), "w") as fh:
             fh.write(f"{LABEL}\n\nNot a vendor runtime. {library_name} here is phoenix's host runtime\n"
-                     f"({src}) built with symbol prefix {prefix!r}: device memory is host memory.\n\n"
+                     f"({', '.join(os.path.basename(p) for p in sources)} in {os.path.dirname(src)})\n"
+                     f"built with symbol prefix {prefix!r}: device memory is host memory.\n\n"
                      f"build: {' '.join(cmd[:-1])} {library}\n")
         os.chmod(tmp, 0o755)  # mkstemp's 0600 would hide it from other users of a shared cache
         os.replace(tmp, library)
