@@ -123,7 +123,7 @@ class PhxIOError(PhxError, OSError):
         return self.strerror  # the whole message: the path once, no "[Errno N]" and no repr'd file name after it
 
     def __reduce__(self):
-        base = next(c for c in type(self).__mro__ if not getattr(c, "_phx_dynamic", False))
+        base = next(c for c in type(self).__mro__ if not c.__dict__.get("_phx_dynamic"))
         return (_rebuild, (base, self.errno, self.path, self.offset, self.length, self.what, self.reason),
                 dict(self.__dict__))
 
