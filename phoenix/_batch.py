@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ._abi import _lib
 from ._files import PhxFile, _submit_many
 from ._futures import IOFuture
-from .errors import PhxIOError
+from .errors import file_error
 
 
 @dataclass
@@ -94,7 +94,7 @@ def batch(requests, *, wait: bool = True, stream=None):
             eo, el = ctypes.c_int64(off), ctypes.c_uint64(size)
             _lib.phx_req_error_extent(handles[i], ctypes.byref(eo), ctypes.byref(el))
             where = "" if (eo.value, el.value) == (off, size) else f"; failed chunk at offset {eo.value}, length {el.value}"
-            out.append(PhxIOError(-res, f.path, off, size, f"{what}{where}"))
+            out.append(file_error(-res, f, off, size, f"{what}{where}"))
         bufs[i].release()
     _lib.phx_req_release_all(handles, n)
     return out

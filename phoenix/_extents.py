@@ -51,8 +51,9 @@ def _resolve(runtime, obj, size, buf_offset, writable, path, file_offset, what, 
         if size is None:
             size = max(0, nbytes - buf_offset)
         if buf_offset + size > nbytes:
-            raise extent_error(path, file_offset, size,
-                               f"{what}: buffer extent [{buf_offset}, +{size}) runs past the buffer's {nbytes} bytes")
+            raise extent_error(path, file_offset, size, what,
+                               f"the buffer holds {nbytes} bytes; the request needs {size} from buffer offset "
+                               f"{buf_offset}")
         r.addr, r.size = base + buf_offset, size
         if size == 0:
             r.mem, r.device, r.why = _buffers.MEM_HOST, 0, "empty"
@@ -60,9 +61,9 @@ def _resolve(runtime, obj, size, buf_offset, writable, path, file_offset, what, 
         info = _RegInfo()
         rc = _lib.phx_reg_lookup(r.addr, size, ctypes.byref(info))
         if rc == -_errno.EFAULT:
-            raise extent_error(path, file_offset, size,
-                               f"{what}: buffer extent [{r.addr:#x}, +{size}) runs past the end of its registration "
-                               f"[{info.base:#x}, +{info.size})")
+            raise extent_error(path, file_offset, size, what,
+                               f"its registration [{info.base:#x}, +{info.size}) holds {info.size} bytes; the request "
+                               f"needs {size} from {r.addr - info.base} bytes into it (register the whole buffer)")
         if rc == 0:
             r.mem, r.device, r.why = info.mem, info.device, "registered"
             return r
@@ -73,12 +74,12 @@ def _resolve(runtime, obj, size, buf_offset, writable, path, file_offset, what, 
             try:
                 r.mem, r.device, r.why = _buffers.classify(runtime, r.addr, size, kind, kdev)
             except _buffers.OutOfBounds as exc:
-                raise extent_error(path, file_offset, size, f"{what}: {exc}") from None
+                raise extent_error(path, file_offset, size, what, str(exc)) from None
             if cache is not None:
                 cache.put(runtime, r.addr, r)
         if r.mem == _buffers.MEM_HOST and source == "raw" and _lib.phx_mem_probe(r.addr, size) == -_errno.EFAULT:
-            raise extent_error(path, file_offset, size,
-                               f"{what}: [{r.addr:#x}, +{size}) is not accessible memory (freed?)")
+            raise extent_error(path, file_offset, size, what,
+                               f"[{r.addr:#x}, +{size}) is not accessible memory (freed?)")
         return r
     except BaseException:
         r.release()
@@ -117,8 +118,9 @@ class _ClassCache:
 
 def _check_mode(r: _Resolved, mode: str, path, file_offset, what):
     if mode == "direct" and r.mem == _buffers.MEM_DEVICE:
-        raise PhxIOError(_errno.EOPNOTSUPP, path, file_offset, r.size,
-                         f"{what}: PHX_MODE=direct, but this device memory is not direct-capable ({r.why})")
+        raise PhxIOError(_errno.EOPNOTSUPP, path, file_offset, r.size, what,
+                         reason=f"PHX_MODE=direct, but this device memory is not direct-capable ({r.why}); "
+                         "set PHX_MODE=auto to move it through bounce buffers")
 
 
 class _Nothing:
@@ -156,15 +158,16 @@ class _Fences:
         if key in self.fences:
             return self.fences[key] or None
         if not self.engine.has_data_path:
-            raise PhxIOError(_errno.ENODEV, path, file_offset, r.size,
-                             f"{what}: stream={stream:#x} given, but no vendor runtime with a data path is selected "
-                             "to order with it (PHX_VENDOR)")
+            raise PhxIOError(_errno.ENODEV, path, file_offset, r.size, what,
+                             reason=f"stream={stream:#x} given, but no vendor runtime with a data path is selected "
+                             "to order with it; set PHX_VENDOR to the stream's vendor")
         out = _P()
         rc = _lib.phx_fence_record(self.engine.handle, device, stream, ctypes.byref(out))
         if rc < 0:
-            raise PhxIOError(-rc, path, file_offset, r.size,
-                             f"{what}: cannot order with the caller's stream {stream:#x} on device {device}: the vendor "
-                             "refused to record an event on it (a destroyed stream, or another device's?)")
+            raise PhxIOError(-rc, path, file_offset, r.size, what,
+                             reason=f"cannot order with the caller's stream {stream:#x} on device {device}: the "
+                             f"vendor refused to record an event on it ({_strerror(rc)}; a destroyed stream, or "
+                             "another device's?)")
         self.fences[key] = out.value or 0
         return out.value or None
 
@@ -196,9 +199,12 @@ def register(buf) -> int:
         raise RegistrationError("cannot register an empty buffer")
     try:
         mem, device, _ = _buffers.classify(rt, b.addr, b.nbytes, b.kind, b.device)
-    except (TypeError, _buffers.OutOfBounds) as exc:
+    except TypeError as exc:
         b.release()
         raise RegistrationError(str(exc)) from None
+    except _buffers.OutOfBounds as exc:
+        b.release()
+        raise RegistrationError(f"cannot register [{b.addr:#x}, +{b.nbytes}): {exc}") from None
     with _reg_lock:
         rc = _lib.phx_reg_add(b.addr, b.nbytes, mem, device)
         if rc < 0:

@@ -41,7 +41,7 @@ from ._abi import (
 from ._engine import _using_engine
 from ._extents import _NOTHING, _check_mode, _ClassCache, _Fences, _resolve
 from ._futures import IOFuture, StreamIO, _prune_stream_ops, _stream_lock, _stream_ops
-from .errors import PhxIOError, extent_error
+from .errors import PhxIOError, _opened_for, extent_error, file_error
 
 # ---- files --------------------------------------------------------------------------------
 
@@ -64,6 +64,47 @@ def _open_flags(mode: str) -> int:
     return _MODES[key]
 
 
+def _open_error(err: int, path: str, mode: str, direct, fd) -> PhxIOError:
+    """Why ``path`` could not be opened with ``mode``, and what to do: the path once, no extent."""
+    readable, writable = _opened_for(mode)
+    need = "read and write" if readable and writable else "write" if writable else "read"
+    key = mode.replace("b", "")
+    if fd is not None:
+        return PhxIOError(err, path, what=f"cannot use descriptor {fd}")
+    if err == _errno.ENOENT:
+        parent = os.path.dirname(path) or "."
+        if "r" not in key and not os.path.isdir(parent):
+            reason = (f"No such file or directory: its directory {parent} does not exist; create it first "
+                      f"(mode {mode!r} creates the file, not its directories)")
+        else:
+            reason = "No such file or directory" + ("; open it with 'w' or 'a' to create it" if key == "r+" else "")
+    elif err in (_errno.EACCES, _errno.EPERM):
+        if "r" not in key and not os.path.lexists(path):
+            reason = (f"Permission denied: mode {mode!r} creates the file, which needs permission to write its "
+                      f"directory {os.path.dirname(path) or '.'}")
+        else:
+            reason = f"Permission denied: mode {mode!r} needs permission to {need} it" + \
+                ("; open it with 'r' to only read it" if writable and readable and key.startswith("r") else "")
+    elif err == _errno.EROFS:
+        reason = f"Read-only file system: mode {mode!r} writes; open it with 'r', or write the file elsewhere"
+    elif err == _errno.EISDIR:
+        reason = "Is a directory: phoenix reads and writes files; give the path of a file"
+    elif err == _errno.ENOTDIR:
+        reason = "Not a directory: a component of the path is a file, not a directory"
+    elif err == _errno.EEXIST:
+        reason = (f"File exists: mode {mode!r} only creates a new file; open it with 'w' to replace it "
+                  "or 'r+' to change it")
+    elif err == _errno.EINVAL and direct:
+        reason = ("the file system refuses O_DIRECT (Invalid argument), which direct=True requires; "
+                  "pass direct=None to fall back to buffered I/O where it is refused")
+    elif err == _errno.ESPIPE:
+        reason = ("Illegal seek: phoenix moves data at file offsets; a pipe, FIFO, socket or terminal has none; "
+                  "give a regular file or a block device")
+    else:
+        reason = None
+    return PhxIOError(err, path, reason=reason)
+
+
 class PhxFile:
     """A file open for I/O between it and host or device memory (KvikIO's ``CuFile``).
 
@@ -78,6 +119,7 @@ class PhxFile:
     def __init__(self, path, mode: str = "r", *, direct: bool | None = None, sync: bool = False, perm: int = 0o644,
                  fd: int | None = None):
         self._h = None
+        self._fd = None
         self._closed = True
         if fd is not None:
             fd = _checks.bounded(fd, "fd", "open", 0, 2**31 - 1)
@@ -92,10 +134,8 @@ class PhxFile:
         else:
             rc = _lib.phx_file_open(_checks.path_bytes(self.path), flags, perm, dflag, ctypes.byref(handle))
         if rc < 0:
-            what = "open (O_DIRECT required by direct=True)" if direct and rc == -_errno.EINVAL else "open"
-            if rc == -_errno.ESPIPE:
-                what = "open: phoenix moves data at file offsets; a pipe/FIFO/socket (or a terminal) has none"
-            raise PhxIOError(-rc, self.path, 0, 0, what)
+            raise _open_error(-rc, self.path, mode, direct, fd)
+        self._fd = fd
         self._h = handle.value
         self._cv = threading.Condition()
         self._users = 0  # threads inside a submission
@@ -131,7 +171,7 @@ class PhxFile:
             h, self._h = self._h, None
         rc = _lib.phx_file_close(h)  # waits for the file's requests and queued stream ops
         if rc < 0:
-            raise PhxIOError(-rc, self.path, 0, 0, "close")
+            raise PhxIOError(-rc, self.path, what="close")
 
     def __enter__(self):
         return self
@@ -158,7 +198,7 @@ class PhxFile:
         finally:
             self._leave()
         if n < 0:
-            raise PhxIOError(-n, self.path, 0, 0, "fstat")
+            raise PhxIOError(-n, self.path, what="fstat")
         return n
 
     def info(self) -> dict:
@@ -189,7 +229,7 @@ class PhxFile:
         finally:
             self._leave()
         if rc < 0:
-            raise PhxIOError(-rc, self.path, 0, 0, "fsync")
+            raise PhxIOError(-rc, self.path, what="fsync")
 
     # -- I/O -----------------------------------------------------------------------------------
 
@@ -275,17 +315,18 @@ class PhxFile:
             base, span = r.addr - int(bo[lo_i]), int(ends[hi_i] - bo[lo_i])
             if r.mem == _buffers.MEM_HOST and r.buf is None and \
                     _lib.phx_mem_probe(r.addr, span) == -_errno.EFAULT:
-                raise extent_error(self.path, int(fo[lo_i]), span,
-                                   f"{what}: [{r.addr:#x}, +{span}) is not accessible memory (freed?)")
+                raise extent_error(self.path, int(fo[lo_i]), span, what,
+                                   f"[{r.addr:#x}, +{span}) is not accessible memory (freed?)")
             if r.mem != _buffers.MEM_HOST and engine.runtime is not None:
                 # every extent in the device allocation the lowest one is in: the two ends
                 # may each lie in an allocation, and the gap between them in the next one
                 info = engine.runtime.pointer_info(r.addr)
                 if info.size and r.addr + span > info.base + info.size:
-                    raise extent_error(self.path, int(fo[hi_i]), int(sz[hi_i]),
-                                       f"{what}: extents [{r.addr:#x}, +{span}) run past the device allocation "
-                                       f"[{info.base:#x}, +{info.size}) of extent {lo_i} (extent {hi_i} ends "
-                                       "outside it): nothing was moved")
+                    raise extent_error(self.path, int(fo[hi_i]), int(sz[hi_i]), f"{what}: extent {hi_i} of {n}",
+                                       f"the device allocation [{info.base:#x}, +{info.size}) of extent {lo_i} "
+                                       f"holds {info.size} bytes; the extents need {span} from {r.addr - info.base} "
+                                       f"bytes into it (extent {hi_i} ends outside it); nothing was moved: keep "
+                                       "every extent of one call inside one allocation")
             descs = np.zeros(n, _DESC_DTYPE)
             descs["addr"] = np.uint64(base) + bo.astype(np.uint64)
             descs["size"] = sz
@@ -313,7 +354,7 @@ class PhxFile:
                     eo, el = ctypes.c_int64(int(fo[k])), ctypes.c_uint64(int(sz[k]))
                     if handles[k]:
                         _lib.phx_req_error_extent(_P(int(handles[k])), ctypes.byref(eo), ctypes.byref(el))
-                    err = PhxIOError(int(-out[k]), self.path, eo.value, el.value,
+                    err = file_error(int(-out[k]), self, eo.value, el.value,
                                      f"{what}: extent {k} of {fo.size} failed ({bad.size} failed in all)")
                 _lib.phx_req_release_all(hp, n)
             finally:
@@ -341,8 +382,9 @@ class PhxFile:
             file_offset = r.foff
             _check_mode(r, s.mode, self.path, file_offset, what)
             if not engine.has_data_path:
-                raise PhxIOError(_errno.ENODEV, self.path, file_offset, r.size,
-                                 f"{what}: the vendor runtime has no data path (launch_host_func) for stream-ordered I/O")
+                raise PhxIOError(_errno.ENODEV, self.path, file_offset, r.size, what,
+                                 reason="the vendor runtime has no data path (launch_host_func) for stream-ordered "
+                                 "I/O; use read/write (or pread/pwrite) instead")
             h = self._enter()
             try:
                 d = _Desc(h, r.addr, r.size, file_offset, op, r.mem, r.device, MODE[s.mode])
@@ -352,7 +394,7 @@ class PhxFile:
             finally:
                 self._leave()
             if rc < 0:
-                raise PhxIOError(-rc, self.path, file_offset, r.size, what)
+                raise file_error(-rc, self, file_offset, r.size, what)
         except BaseException:
             r.release()
             raise
@@ -429,7 +471,7 @@ def _submit_on(engine, s, reqs, what_default, want_futures, stream):
                 f, off, size, what = meta[i]
                 bufs[i].release()
                 bufs[i] = None
-                early[i] = PhxIOError(_errno.ENOMEM if rc >= 0 else -rc, f.path, off, size, what)
+                early[i] = file_error(_errno.ENOMEM if rc >= 0 else -rc, f, off, size, what)
             else:
                 handles[i] = out[j]
         pend.clear()

@@ -13,7 +13,7 @@ import ctypes
 import threading
 
 from ._abi import _lib
-from .errors import PhxIOError
+from .errors import file_error
 
 
 class IOFuture:
@@ -64,10 +64,9 @@ class IOFuture:
             if res < 0:
                 off, length = ctypes.c_int64(self._offset), ctypes.c_uint64(self._size)
                 _lib.phx_req_error_extent(req, ctypes.byref(off), ctypes.byref(length))
-                path = self._file.path if self._file is not None else None
                 where = "" if (off.value, length.value) == (self._offset, self._size) else \
                     f"; failed chunk at offset {off.value}, length {length.value}"
-                self._error = PhxIOError(-res, path, self._offset, self._size, f"{self._what}{where}")
+                self._error = file_error(-res, self._file, self._offset, self._size, f"{self._what}{where}")
             else:
                 self._value = res
             if self._buf is not None:
@@ -177,8 +176,7 @@ class StreamIO:
         if not self.wait(timeout):
             raise TimeoutError(f"{self._what}: the stream has not reached it after {timeout} s")
         if self._value < 0:
-            path = self._file.path if self._file is not None else None
-            raise PhxIOError(-self._value, path, self._offset, self._size, self._what)
+            raise file_error(-self._value, self._file, self._offset, self._size, self._what)
         return self._value
 
     def __del__(self):

@@ -336,7 +336,7 @@ def classify(runtime, addr: int, size: int, kind: str | None = None, device: int
             raise TypeError(f"{addr:#x} is not memory of vendor {runtime.name!r} (freed, or another runtime's)")
         return MEM_HOST, 0, f"{info.type.value} memory"
     if info.size and addr + size > info.base + info.size:
-        raise OutOfBounds(f"buffer extent [{addr:#x}, +{size}) runs past its device allocation "
-                          f"[{info.base:#x}, +{info.size})")
+        raise OutOfBounds(f"its device allocation [{info.base:#x}, +{info.size}) holds {info.size} bytes; the request "
+                          f"needs {size} from {addr - info.base} bytes into it")
     ok, why = runtime.direct_capable(addr, size)
     return (MEM_DEVICE_MAPPED if ok else MEM_DEVICE), int(info.device or 0), why
