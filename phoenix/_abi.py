@@ -36,6 +36,7 @@ class _Config(ctypes.Structure):
         ("fmap_window", ctypes.c_uint64),
         ("fmap_register_flags", ctypes.c_uint32),
         ("flags", ctypes.c_uint32),
+        ("fmap_idle_ns", ctypes.c_uint64),
     ]
 
 
@@ -59,6 +60,11 @@ class _FmapInfo(ctypes.Structure):
         ("evictions", ctypes.c_int64),
         ("invalidations", ctypes.c_int64),
         ("why", ctypes.c_char * 160),
+        ("idle_ns", ctypes.c_uint64),
+        ("pinned", ctypes.c_int64),
+        ("idle_releases", ctypes.c_int64),
+        ("pressure_releases", ctypes.c_int64),
+        ("pressure", ctypes.c_char * 96),
     ]
 
 
@@ -162,6 +168,7 @@ def _bind():
         "phx_fmap_lookup": (ctypes.c_int, [_P, _P, ctypes.c_int64, ctypes.c_uint64, ctypes.POINTER(_P)]),
         "phx_fmap_wait": (ctypes.c_int, [_P, ctypes.c_int64]),
         "phx_fmap_clear": (ctypes.c_int, [_P]),
+        "phx_fmap_simulate_pressure": (ctypes.c_int, [_P]),  # test hook (phx_testing.h)
         "phx_io_get_stats": (None, [ctypes.POINTER(_Stats)]),
         "phx_fence_record": (ctypes.c_int, [_P, ctypes.c_int, _P, ctypes.POINTER(_P)]),
         "phx_fence_release": (None, [_P]),

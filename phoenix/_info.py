@@ -23,7 +23,8 @@ def stats() -> dict:
     stream_ops, registrations, worker_streams, bounce_bytes, bounce_in_use) and
     cumulative ones (bytes_read/written, chunks per path, direct/buffered I/Os,
     reissues, O_DIRECT fallbacks, io_uring_enter calls), and the file-mapping cache's
-    (fmap_windows and fmap_bytes live: registered now; fmap_hits and fmap_misses: staged
+    (fmap_windows and fmap_bytes live: registered (pinned) now, in every pool, counted until
+    a window is unregistered -- never above each pool's ``fmap_cache``; fmap_hits and fmap_misses: staged
     reads into device memory served from a registered mapping, or not); pool_waits
     (chunks that waited for a bounce slot, or for one of their worker's page-cache slots)
     and copy_flushes (completion callbacks launched for staged reads' device copies)."""
@@ -49,6 +50,10 @@ def sizes() -> dict:
                 "PHX_BOUNCE_POOL_SIZE for staged chunks of the full chunk size)")
     out["why"] = why
     return out
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
 
 def _probe_engine(name: str) -> tuple[bool, str]:
@@ -148,12 +153,15 @@ def capabilities(path=None) -> dict:
         modes["zero_copy_file_mappings"] = {"available": False, "why": f"cannot query: {exc}"}
     if fm is not None:
         on = fm["mode"] != "off"
+        idle = f"{fm['idle']:g} s unread (PHX_FMAP_IDLE)" if fm["idle"] > 0 else "never when idle (PHX_FMAP_IDLE=0)"
         modes["zero_copy_file_mappings"] = {
             "available": on,
-            "why": (f"warm reads into device memory: page-cache ranges mmap'd and host-registered in "
-                    f"{fm['window'] >> 20} MiB windows (flags {fm['register_flags']:#x}), cached up to "
-                    f"{fm['budget'] >> 20} MiB, one DMA per read; mode {fm['mode']}") if on else fm["why"],
-            "state": fm,
+            "why": (f"warm reads into device memory: page-cache ranges mmap'd and host-registered (pinned) in "
+                    f"{_mib(fm['window'])} windows (flags {fm['register_flags']:#x}), at most {_mib(fm['budget'])} "
+                    f"pinned (PHX_FMAP_CACHE), one DMA per read; released after {idle} and all under memory "
+                    f"pressure ({fm['pressure']}); mode {fm['mode']}, PHX_FMAP_MODE=off turns it off")
+            if on else fm["why"],
+            "state": {k: v for k, v in fm.items() if k not in ("idle_ns", "pressure")},
         }
     out["modes"] = modes
     return out

@@ -40,11 +40,23 @@ setting                  environment                   default    meaning
                                                                   ``threads`` (pread/pwrite workers), or ``auto``:
                                                                   io_uring where the kernel allows it, else threads
                                                                   (the reason: ``phoenix.io.capabilities()``).
-``fmap_cache``           ``PHX_FMAP_CACHE``            min(64G,   most bytes of file mappings kept host-registered
-                                                       RAM/2)     for warm reads into device memory (a file range in
+``fmap_cache``           ``PHX_FMAP_CACHE``            min(4G,    most bytes of file mappings kept host-registered
+                                                       RAM/16)    for warm reads into device memory (a file range in
                                                                   the page cache or tmpfs, mmap'd and registered once,
-                                                                  then one DMA per read). LRU under this budget; the
-                                                                  pages stay pinned in the page cache. 0: off.
+                                                                  then one DMA per read). LRU under this budget; a
+                                                                  window larger than it is never registered. Its
+                                                                  pages are pinned: neither ``drop_caches`` nor the
+                                                                  kernel's reclaim can evict them, for every process
+                                                                  on the machine, so the default is small (a few
+                                                                  windows, at most a sixteenth of memory); raise it
+                                                                  for a KV tier that rereads more. 0: off.
+``fmap_idle``            ``PHX_FMAP_IDLE``             30         seconds: a window not read for this long is
+                                                                  released (unregistered, unmapped: its pages are
+                                                                  ordinary page cache again). 0: never. Every window
+                                                                  is also released under memory pressure (a PSI
+                                                                  trigger on ``/proc/pressure/memory``, else
+                                                                  MemAvailable under 5% of MemTotal), and none is
+                                                                  registered for 5 s after.
 ``fmap_mode``            ``PHX_FMAP_MODE``             auto       ``auto``: a miss is read staged and its windows are
                                                                   registered on a background thread once no I/O of
                                                                   the context is in flight (at most 2 s later), so
@@ -109,6 +121,7 @@ ENV = {
     "mode": "PHX_MODE",
     "engine": "PHX_IO_ENGINE",
     "fmap_cache": "PHX_FMAP_CACHE",
+    "fmap_idle": "PHX_FMAP_IDLE",
     "fmap_mode": "PHX_FMAP_MODE",
     "fmap_window": "PHX_FMAP_WINDOW",
     "fmap_register_flags": "PHX_FMAP_REGISTER_FLAGS",
@@ -124,7 +137,8 @@ def _default_fmap_cache() -> int:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         ram = 0
-    return min(64 << 30, ram // 2) if ram > 0 else 8 << 30
+    # small on purpose: pinned page-cache pages cannot be evicted (drop_caches, reclaim)
+    return min(4 << 30, ram // 16) if ram > 0 else 1 << 30
 
 
 DEFAULTS = {
@@ -136,6 +150,7 @@ DEFAULTS = {
     "mode": "auto",
     "engine": "auto",
     "fmap_cache": _default_fmap_cache(),
+    "fmap_idle": 30.0,
     "fmap_mode": "auto",
     "fmap_window": 1 << 30,
     "fmap_register_flags": "vendor",  # resolved per runtime by phoenix._engine.fmap_register_flags
@@ -154,6 +169,7 @@ class Settings:
     mode: str
     engine: str
     fmap_cache: int
+    fmap_idle: float  #: seconds
     fmap_mode: str
     fmap_window: int
     fmap_register_flags: int | str  #: a number, or "vendor"
@@ -163,7 +179,7 @@ class Settings:
         is a key of its own, see :mod:`phoenix._engine`). The file-mapping cache belongs to
         the pool: changing its settings starts a new one (empty)."""
         return (self.threads, self.chunk_size, self.queue_depth, self.bounce_pool_size, self.engine,
-                self.fmap_cache, self.fmap_mode, self.fmap_window, self.fmap_register_flags)
+                self.fmap_cache, self.fmap_idle, self.fmap_mode, self.fmap_window, self.fmap_register_flags)
 
 
 def _check(name: str, value, source: str):
@@ -182,6 +198,14 @@ def _check(name: str, value, source: str):
         if text not in choices:
             raise ValueError(f"{source}: {name}={value!r} is not one of {', '.join(choices)}")
         return text
+    if name == "fmap_idle":
+        try:
+            secs = float(value.strip().lower().removesuffix("s")) if isinstance(value, str) else float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{source}: fmap_idle={value!r} is not a number of seconds (30, 0.5, 0: never)") from None
+        if not 0 <= secs <= 1e6:
+            raise ValueError(f"{source}: fmap_idle={secs} must be between 0 (never) and 1e6 seconds")
+        return secs
     if name == "bounce_pool_size" and isinstance(value, str) and value.strip().lower() == "auto":
         return 0
     try:

@@ -9,6 +9,10 @@ measured in the same run, at the same concurrency, on the same file:
 * ``kvikio``: KvikIO (compat mode) where it is importable and the vendor is nvidia.
 * ``h2d_pinned``: pinned host -> device copy (the bus limit; meaningful on GPUs).
 
+Cold figures release phoenix's registered page-cache windows first (``fmap_wait`` then
+``fmap_clear``, before every drop from the page cache: pinned pages cannot be dropped), so
+they are the disk's; ``PHX_FMAP_MODE=off`` turns the window cache off altogether.
+
 CPU seconds per GB (user + system of the whole process, all threads) stand beside
 every figure. Records go to ``--json`` (a list of dicts: op, impl, vendor, warm,
 gbps, cpu_s_per_gb, threads, chunk, size, ...) and a PNG to ``--plot``.
@@ -412,7 +416,8 @@ def legend(records: list[dict]) -> str:
         "columns:",
         "  op        read, write: sequential, the whole --size in --chunk pieces; randread: --random-bs reads at random",
         "            offsets, --qd in flight",
-        "  cache     cold: the file is dropped from the page cache before every repetition (the disk's speed);",
+        "  cache     cold: the file is dropped from the page cache before every repetition (the disk's speed),",
+        "            phoenix's pinned page-cache windows released first (fmap_clear; PHX_FMAP_MODE=off: none at all);",
         "            warm: it is in the page cache (memory's speed)",
         "  thr       concurrency: I/O threads (randread: reads in flight, the queue depth)",
         "  impl      what moved the bytes (below); '1st' marks the first warm run, a cache's first hit, not a median",

@@ -92,7 +92,8 @@ def gather_info() -> dict:
 
 
 SIZE_KEYS = {"total_memory", "chunk_size", "bounce_pool_size", "fmap_cache", "fmap_window", "bounce_pool", "chunk",
-             "staged_chunk", "max_slot", "budget", "window", "bytes"}
+             "staged_chunk", "max_slot", "budget", "window", "bytes", "pinned"}
+SECONDS_KEYS = {"fmap_idle", "idle"}  # page-cache windows' idle timeout: 0 is never
 IO_TITLES = {"settings": "settings (PHX_* environment)", "sizes": "sizes", "engines": "engines", "o_direct": "O_DIRECT",
              "page_cache_probe": "page-cache probe", "vendor": "vendor data path", "stream_ordered": "stream-ordered I/O",
              "caller_stream": "ordering after the caller's stream", "modes": "paths"}
@@ -113,6 +114,8 @@ def human_size(n) -> str:
 def _value(key: str, value) -> str:
     if key in SIZE_KEYS:
         return human_size(value)
+    if key in SECONDS_KEYS and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:g} s" if value > 0 else "0 (never)"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if value is None or value == "":
@@ -203,6 +206,11 @@ def _print_info(info: dict) -> None:
         printer = _Printer()
         for key, value in io.items():
             printer.item(IO_TITLES.get(key, key), value, 2)
+        fm = io.get("modes", {}).get("zero_copy_file_mappings", {}).get("state")
+        if isinstance(fm, dict) and fm.get("mode") != "off":  # this process's pool: pinned now, of the budget
+            print(f"  page-cache windows pinned: {human_size(fm['pinned'])} in {fm['windows']} windows "
+                  f"(budget {human_size(fm['budget'])}, released after {_value('idle', fm['idle'])} unread "
+                  f"and under memory pressure)")
     elif info.get("io_error"):
         print(f"\nI/O: unavailable: {info['io_error']}")
 

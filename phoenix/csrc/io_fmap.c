@@ -16,6 +16,7 @@
 #include "io_fmap.h"
 #include "io_req.h"
 #include "io_sync.h"
+#include "phx_testing.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -68,7 +69,9 @@ static void fill_misses(phx_ctx *ctx, phx_file *f, const struct stat *st, int64_
         int64_t off = idx * (int64_t)W;
         pthread_mutex_lock(&m->mu);
         struct io_fwrite *e = fmap_wfind_locked(m, f->st_dev, f->st_ino);
-        int have = fmap_find_locked(m, f->st_dev, f->st_ino, off) != NULL || (e && e->writes > 0);
+        /* (after memory pressure no window is registered for a while: FMAP_PRESSURE_HOLD_NS) */
+        int have = fmap_find_locked(m, f->st_dev, f->st_ino, off) != NULL || (e && e->writes > 0) ||
+                   (m->hold_until_ns && io_now_ns() < m->hold_until_ns);
         pthread_mutex_unlock(&m->mu);
         if (have)
             continue;
@@ -172,9 +175,11 @@ int fmap_plan(phx_ctx *ctx, phx_file *f, const struct phx_io_desc *d, struct fma
                 all = 0;
         }
         if (all) {
+            int64_t now = io_now_ns();
             for (int i = 0; i < n; i++) {
                 if (wins[i]->refs++ == 0)
                     m->in_use++;
+                wins[i]->last_use_ns = now;
                 fmap_lru_front_locked(m, wins[i]);
             }
             m->hits++;
@@ -281,6 +286,7 @@ void fmap_unref(phx_ctx *ctx, struct io_fwin *w)
     pthread_mutex_lock(&m->mu);
     if (--w->refs == 0) {
         m->in_use--;
+        w->last_use_ns = io_now_ns(); /* idle from the end of its last copy */
         if (!w->hashed) { /* dropped while in use: the registrar releases it */
             w->qnext = m->release;
             m->release = w;
@@ -348,6 +354,26 @@ int phx_fmap_query(phx_ctx *ctx, struct phx_fmap_info *o)
     o->evictions = m->evictions;
     o->invalidations = m->invalidations;
     snprintf(o->why, sizeof(o->why), "%s", m->why);
+    o->idle_ns = (uint64_t)m->idle_ns;
+    o->pinned = (int64_t)(m->bytes + m->draining);
+    o->idle_releases = m->idle_releases;
+    o->pressure_releases = m->pressure_releases;
+    snprintf(o->pressure, sizeof(o->pressure), "%s", m->mode == PHX_FMAP_OFF ? "" : m->pressure_how);
+    pthread_mutex_unlock(&m->mu);
+    return 0;
+}
+
+int phx_fmap_simulate_pressure(phx_ctx *ctx)
+{
+    if (!ctx)
+        return -EINVAL;
+    struct io_fmap *m = &ctx->fmap;
+    if (m->mode == PHX_FMAP_OFF)
+        return 0;
+    pthread_mutex_lock(&m->mu);
+    m->pressure_sim = 1;
+    fmap_registrar_start_locked(ctx);
+    pthread_cond_signal(&m->cv);
     pthread_mutex_unlock(&m->mu);
     return 0;
 }

@@ -6,7 +6,9 @@
  *                       references (stream callbacks), and the control plane
  *   io_fmap_index.c     the windows: hash, LRU, drop and release, the per-inode table of
  *                       writes in flight, the cache's lifetime (init, clear, fini)
- *   io_fmap_register.c  mapping and registering windows: the registrar thread
+ *   io_fmap_register.c  mapping and registering windows: the registrar thread, which also
+ *                       releases idle windows and every window under memory pressure
+ *   io_fmap_pressure.c  watching memory pressure (PSI trigger, else MemAvailable)
  *   io_fmap_guard.c     the fault guard: a copy from a truncated mapping reads zeros
  *
  * Windows live in a hash by (st_dev, st_ino, window index) and, once registered, in an
@@ -37,6 +39,7 @@ struct io_fwin {
     int hashed;                    /* in the hash (not yet dropped) */
     int refs;                      /* requests copying from it (fmap mu) */
     int device, fd;                /* PENDING: where to register, a dup of the file's fd */
+    int64_t last_use_ns;           /* io_now_ns of the last hit or release by a request (mu) */
 };
 #define FMAP_HASH 1024
 #define FMAP_WHASH 256
@@ -71,7 +74,19 @@ struct io_fmap {
     struct io_fwrite *wtab[FMAP_WHASH];
     uint64_t wgen;                 /* writes started */
     int regs_active;               /* registrations in progress */
+    /* release: idle windows and, under memory pressure, all of them (the registrar) */
+    uint64_t draining;             /* bytes of dropped windows still registered (a request
+                                    * copies from them): counted in the budget until released */
+    int64_t idle_ns;               /* 0: never */
+    int64_t idle_releases, pressure_releases;
+    int64_t hold_until_ns;         /* after pressure: register nothing before this */
+    int pressure_sim;              /* a test's simulated pressure signal (phx_fmap_simulate_pressure) */
+    int psi_fd;                    /* the PSI trigger (registrar thread), -1: none */
+    int psi_tried;
+    char pressure_how[96];
 };
+#define FMAP_PRESSURE_HOLD_NS (5000000000ll) /* no registration this long after pressure */
+#define FMAP_TICK_MAX_NS (1000000000ll)      /* the registrar's housekeeping period, at most */
 struct fmap_plan {
     struct io_fwin **wins;
     int nwins;
@@ -120,6 +135,15 @@ int fmap_clear_all(struct phx_ctx *ctx, int stop);
 /* io_fmap_register.c */
 void fmap_register_window(struct phx_ctx *ctx, struct io_fwin *w);
 void fmap_registrar_start_locked(struct phx_ctx *ctx);
+/* Release windows not read for idle_ns and, under memory pressure, every window (not under
+ * mu; the registrar thread). */
+void fmap_housekeeping(struct phx_ctx *ctx, int64_t now);
+/* Drop every READY window and the registration queue (mu held); returns the windows to release. */
+struct io_fwin *fmap_drop_all_locked(struct io_fmap *m, int *count);
+/* io_fmap_pressure.c: 1 when the system is under memory pressure (PSI trigger fired, or
+ * MemAvailable < 5% of MemTotal); opens the trigger on first call (registrar thread). */
+int fmap_pressure_check(struct io_fmap *m);
+void fmap_pressure_close(struct io_fmap *m);
 /* io_fmap.c */
 int fmap_resident(int fd, int64_t off, uint64_t len);
 /* io_fmap_guard.c */

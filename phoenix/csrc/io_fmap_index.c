@@ -80,6 +80,12 @@ static void fwin_release(phx_ctx *ctx, struct io_fwin *w)
             ctx->dp.host_unregister(w->addr);
         fg_remove(w->addr);
         munmap(w->addr, w->len);
+        /* pinned until now: fmap_drop_locked moved its bytes to `draining` */
+        pthread_mutex_lock(&ctx->fmap.mu);
+        ctx->fmap.draining -= w->len;
+        pthread_mutex_unlock(&ctx->fmap.mu);
+        STAT_ADD(fmap_windows, -1);
+        STAT_ADD(fmap_bytes, -(int64_t)w->len);
     }
     if (w->fd >= 0)
         close(w->fd);
@@ -95,8 +101,10 @@ void fmap_release_list(phx_ctx *ctx, struct io_fwin *list)
     }
 }
 
-/* Unhook w from the cache (fmap mu held). READY windows leave the counters now; one
- * still in use is released by its last fmap_unref. Returns w when the caller must
+/* Unhook w from the cache (fmap mu held). READY windows leave the cache's counters now
+ * and count as `draining` (still registered: in the budget and in the fmap_windows and
+ * fmap_bytes stats) until fwin_release; one still in use is released by its last
+ * fmap_unref (through the registrar). Returns w when the caller must
  * release it (after unlocking), else NULL. A PENDING window is only unhooked: the
  * registrar (which owns it while queued or busy with it) sees !hashed and discards it. */
 struct io_fwin *fmap_drop_locked(struct io_fmap *m, struct io_fwin *w)
@@ -107,8 +115,7 @@ struct io_fwin *fmap_drop_locked(struct io_fmap *m, struct io_fwin *w)
         lru_remove_locked(w);
         m->windows--;
         m->bytes -= w->len;
-        STAT_ADD(fmap_windows, -1);
-        STAT_ADD(fmap_bytes, -(int64_t)w->len);
+        m->draining += w->len;
         return w->refs == 0 ? w : NULL;
     }
     if (w->state == FW_UNREG) {
@@ -178,6 +185,10 @@ void fmap_init(phx_ctx *ctx)
     m->flags = ctx->cfg.fmap_register_flags;
     m->readonly = ctx->has_dp ? ctx->dp.host_register_read_only : 0;
     m->mode = ctx->cfg.fmap_mode;
+    m->idle_ns = (int64_t)ctx->cfg.fmap_idle_ns;
+    m->psi_fd = -1;
+    snprintf(m->pressure_how, sizeof(m->pressure_how),
+             "from the first window: PSI trigger (/proc/pressure/memory), else MemAvailable");
     if (m->mode == PHX_FMAP_OFF)
         snprintf(m->why, sizeof(m->why), "off (PHX_FMAP_MODE=off)");
     else if (!m->budget)
@@ -195,16 +206,9 @@ void fmap_init(phx_ctx *ctx)
         m->mode = PHX_FMAP_OFF;
 }
 
-/* Drop every window and the registration queue, waiting for a registration in progress;
- * `stop` also makes the registrar exit. Returns how many registered windows were dropped
- * (those in use are released by their last fmap_unref). */
-int fmap_clear_all(phx_ctx *ctx, int stop)
+static struct io_fwin *drop_queue_locked(struct io_fmap *m, struct io_fwin *rel)
 {
-    struct io_fmap *m = &ctx->fmap;
-    struct io_fwin *rel = NULL;
-    int n = 0;
-    pthread_mutex_lock(&m->mu);
-    /* the queue first (the registrar owns the window it is working on) */
+    /* the registrar owns the window it is working on: only the queue */
     while (m->q_head) {
         struct io_fwin *w = m->q_head;
         m->q_head = w->qnext;
@@ -216,11 +220,16 @@ int fmap_clear_all(phx_ctx *ctx, int stop)
         rel = w;
     }
     m->q_tail = NULL;
-    if (stop)
-        m->stop = 1;
-    pthread_cond_broadcast(&m->cv);
-    while (m->busy)
-        pthread_cond_wait(&m->idle_cv, &m->mu);
+    return rel;
+}
+
+/* Unhook every window and the queue (mu held); returns the list to release after
+ * unlocking, *count the READY windows dropped. A window being registered (PENDING, not
+ * queued) is only unhooked: its registrar discards it. */
+struct io_fwin *fmap_drop_all_locked(struct io_fmap *m, int *count)
+{
+    struct io_fwin *rel = drop_queue_locked(m, NULL);
+    int n = 0;
     for (int k = 0; k < FMAP_HASH; k++) {
         while (m->hash[k]) {
             struct io_fwin *w = m->hash[k];
@@ -239,6 +248,32 @@ int fmap_clear_all(phx_ctx *ctx, int stop)
         w->qnext = rel;
         rel = w;
     }
+    if (count)
+        *count = n;
+    return rel;
+}
+
+/* Drop every window and the registration queue, waiting for a registration in progress;
+ * `stop` also makes the registrar exit. Returns how many registered windows were dropped
+ * (those in use are released by their last fmap_unref). */
+int fmap_clear_all(phx_ctx *ctx, int stop)
+{
+    struct io_fmap *m = &ctx->fmap;
+    int n = 0;
+    pthread_mutex_lock(&m->mu);
+    struct io_fwin *rel = drop_queue_locked(m, NULL);
+    if (stop)
+        m->stop = 1;
+    pthread_cond_broadcast(&m->cv);
+    while (m->busy)
+        pthread_cond_wait(&m->idle_cv, &m->mu);
+    struct io_fwin *more = fmap_drop_all_locked(m, &n);
+    while (more) {
+        struct io_fwin *next = more->qnext;
+        more->qnext = rel;
+        rel = more;
+        more = next;
+    }
     pthread_mutex_unlock(&m->mu);
     fmap_release_list(ctx, rel);
     return n;
@@ -256,6 +291,7 @@ void fmap_fini(phx_ctx *ctx)
      * the context has drained its requests */
     fmap_release_list(ctx, m->release);
     m->release = NULL;
+    fmap_pressure_close(m);
     for (int k = 0; k < FMAP_WHASH; k++) {
         while (m->wtab[k]) {
             struct io_fwrite *e = m->wtab[k];

@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -26,13 +27,16 @@ static __thread int in_registrar; /* this thread is a registrar */
 /* ---- registration (registrar thread, or the submitter in SYNC mode) ------------------- */
 
 /* Evict least recently used windows nobody uses until len more bytes fit (mu held);
- * returns them, to be released after unlocking. */
-static struct io_fwin *make_room_locked(struct io_fmap *m, uint64_t len)
+ * returns them, to be released after unlocking. The budget counts every registered byte:
+ * cached windows, dropped ones still in use (draining) and registrations in progress. */
+static struct io_fwin *make_room_locked(struct io_fmap *m, uint64_t len, uint64_t *freed)
 {
     struct io_fwin *evicted = NULL, *v = m->lru.lprev;
-    while (m->bytes + m->reserved + len > m->budget && v != &m->lru) {
+    *freed = 0; /* evicted bytes: the caller releases them before it registers */
+    while (m->bytes + m->draining - *freed + m->reserved + len > m->budget && v != &m->lru) {
         struct io_fwin *prev = v->lprev;
         if (v->refs == 0) {
+            *freed += v->len;
             fmap_drop_locked(m, v);
             v->qnext = evicted;
             evicted = v;
@@ -53,6 +57,7 @@ void fmap_register_window(phx_ctx *ctx, struct io_fwin *w)
     int ok = 0, refused = 0;
     char *addr = NULL;
     struct io_fwin *evicted = NULL, *discard = NULL;
+    uint64_t freed = 0;
     pthread_mutex_lock(&m->mu);
     uint64_t gen0 = m->wgen;
     int writing = fmap_written_since_locked(m, w->dev, w->ino, gen0);
@@ -67,8 +72,8 @@ void fmap_register_window(phx_ctx *ctx, struct io_fwin *w)
     int cached = check && fmap_resident(w->fd, w->off, w->len);
     pthread_mutex_lock(&m->mu);
     if (check && cached && w->hashed) {
-        evicted = make_room_locked(m, w->len);
-        room = m->bytes + m->reserved + w->len <= m->budget;
+        evicted = make_room_locked(m, w->len, &freed);
+        room = m->bytes + m->draining - freed + m->reserved + w->len <= m->budget;
         if (room)
             m->reserved += w->len;
     }
@@ -133,8 +138,8 @@ void fmap_register_window(phx_ctx *ctx, struct io_fwin *w)
         fmap_hash_remove_locked(m, w);
         discard = w;
     } else {
-        evicted = make_room_locked(m, w->len);
-        if (m->bytes + m->reserved + w->len > m->budget) {
+        evicted = make_room_locked(m, w->len, &freed);
+        if (m->bytes + m->draining - freed + m->reserved + w->len > m->budget) {
             fmap_hash_remove_locked(m, w);
             discard = w;
         } else {
@@ -142,9 +147,14 @@ void fmap_register_window(phx_ctx *ctx, struct io_fwin *w)
             addr = NULL;
             w->state = FW_READY;
             fmap_lru_front_locked(m, w);
+            w->last_use_ns = io_now_ns();
             m->windows++;
             m->bytes += w->len;
             m->registrations++;
+            /* the registrar releases it when idle or under pressure (SYNC mode: it may not
+             * run yet) */
+            fmap_registrar_start_locked(ctx);
+            pthread_cond_signal(&m->cv);
             STAT_ADD(fmap_windows, 1);
             STAT_ADD(fmap_bytes, (int64_t)w->len);
         }
@@ -198,6 +208,51 @@ static void wait_ctx_idle(phx_ctx *ctx)
     pthread_mutex_unlock(&ctx->mu);
 }
 
+/* ---- release: idle windows, and every window under memory pressure ------------------- */
+
+void fmap_housekeeping(phx_ctx *ctx, int64_t now)
+{
+    struct io_fmap *m = &ctx->fmap;
+    pthread_mutex_lock(&m->mu);
+    int sim = m->pressure_sim;
+    m->pressure_sim = 0;
+    pthread_mutex_unlock(&m->mu);
+    int pressure = fmap_pressure_check(m) || sim; /* (reads /proc: not under mu) */
+    struct io_fwin *rel = NULL;
+    pthread_mutex_lock(&m->mu);
+    if (pressure) {
+        int n = 0;
+        rel = fmap_drop_all_locked(m, &n);
+        m->pressure_releases++;
+        m->hold_until_ns = now + FMAP_PRESSURE_HOLD_NS;
+    } else if (m->idle_ns > 0) {
+        for (struct io_fwin *v = m->lru.lprev; v != &m->lru;) {
+            struct io_fwin *prev = v->lprev;
+            if (v->refs == 0 && now - v->last_use_ns >= m->idle_ns) {
+                fmap_drop_locked(m, v);
+                v->qnext = rel;
+                rel = v;
+                m->idle_releases++;
+            }
+            v = prev;
+        }
+    }
+    pthread_mutex_unlock(&m->mu);
+    /* under pressure at once; idle windows too (nobody read them for idle_ns) */
+    fmap_release_list(ctx, rel);
+}
+
+/* The housekeeping period: a quarter of the idle timeout, between 10 ms and 1 s. */
+static int64_t tick_ns(const struct io_fmap *m)
+{
+    int64_t t = m->idle_ns > 0 ? m->idle_ns / 4 : FMAP_TICK_MAX_NS;
+    if (t > FMAP_TICK_MAX_NS)
+        t = FMAP_TICK_MAX_NS;
+    if (t < 10000000ll)
+        t = 10000000ll;
+    return t;
+}
+
 static void *registrar_main(void *arg)
 {
     pthread_setname_np(pthread_self(), "phx-fmap");
@@ -206,8 +261,18 @@ static void *registrar_main(void *arg)
     /* low priority: the first read runs meanwhile on the workers */
     setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
     in_registrar = 1;
+    int64_t next_tick = io_now_ns() + tick_ns(m);
     pthread_mutex_lock(&m->mu);
     for (;;) {
+        /* housekeeping while anything is registered (or a test signals pressure) */
+        if (!m->stop && (m->pressure_sim || ((m->windows > 0 || m->draining > 0) && io_now_ns() >= next_tick))) {
+            pthread_mutex_unlock(&m->mu);
+            int64_t now = io_now_ns();
+            fmap_housekeeping(ctx, now);
+            next_tick = now + tick_ns(m);
+            pthread_mutex_lock(&m->mu);
+            continue;
+        }
         if (m->release) {
             struct io_fwin *list = m->release;
             m->release = NULL;
@@ -222,7 +287,16 @@ static void *registrar_main(void *arg)
         struct io_fwin *w = m->q_head;
         if (!w) {
             pthread_cond_broadcast(&m->idle_cv);
-            pthread_cond_wait(&m->cv, &m->mu);
+            if (m->windows > 0 || m->draining > 0) {
+                int64_t left = next_tick - io_now_ns();
+                if (left > 0) {
+                    struct timespec ts = io_realtime_in(left);
+                    pthread_cond_timedwait(&m->cv, &m->mu, &ts);
+                }
+            } else {
+                pthread_cond_wait(&m->cv, &m->mu);
+                next_tick = io_now_ns() + tick_ns(m);
+            }
             continue;
         }
         m->q_head = w->qnext;

@@ -55,6 +55,7 @@ struct phx_io_config {
     uint64_t fmap_window;      /* bytes per mapping window: a multiple of 2 MiB */
     uint32_t fmap_register_flags; /* host_register flags for mappings (the port's portable | read-only) */
     uint32_t flags;            /* PHX_CFG_* */
+    uint64_t fmap_idle_ns;     /* a window not read for this long is released (0: never) */
 };
 
 enum {
@@ -283,6 +284,13 @@ struct phx_fmap_info {
     int64_t pending, unregistrable, in_use; /* queued; refused by the vendor; used by requests */
     int64_t hits, misses, registrations, evictions, invalidations;
     char why[160];             /* why the cache is off, when it is */
+    /* (appended) */
+    uint64_t idle_ns;          /* the idle timeout in effect (0: never) */
+    int64_t pinned;            /* bytes registered now: cached windows and dropped ones a
+                                * request still copies from (never above budget) */
+    int64_t idle_releases;     /* windows released for being idle */
+    int64_t pressure_releases; /* memory-pressure events that released every window */
+    char pressure[96];         /* how memory pressure is watched (PSI trigger, MemAvailable) */
 };
 int phx_fmap_query(phx_ctx *ctx, struct phx_fmap_info *out);
 /* Is [offset, offset+length) of f in one registered, current window? 0 and its mapped
@@ -295,6 +303,12 @@ int phx_fmap_wait(phx_ctx *ctx, int64_t timeout_ns);
 /* Drop every window (those in use go when their requests finish) and the queue; waits
  * for a registration in progress. Returns how many windows were dropped. */
 int phx_fmap_clear(phx_ctx *ctx);
+/* Bounded by default, given back when idle and under pressure: the registrar thread (started
+ * with the first window) releases windows not read for fmap_idle_ns, and every window when
+ * the kernel reports memory pressure (a PSI trigger on /proc/pressure/memory, "some 150 ms
+ * in 2 s"; where that is missing or refused, MemAvailable under 5% of MemTotal, checked
+ * each second); after pressure no window is registered for FMAP_PRESSURE_HOLD (io_fmap.h).
+ * A window a request is copying from is unregistered when its last user drops it. */
 
 /* Is [addr, addr+size) readable memory of this process? 0, or -EFAULT (unmapped, or
  * PROT_NONE: a freed buffer of the host vendor's arena). Probes the first and the last

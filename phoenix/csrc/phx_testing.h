@@ -20,4 +20,9 @@
  * while set (a hit would bypass the fault). */
 int phx_file_inject_fault(phx_file *f, int64_t offset, uint64_t length, int err);
 
+/* Act as if the kernel had reported memory pressure: the registrar releases every window
+ * of the context's file-mapping cache (those in use when their requests finish) and
+ * registers none for a while. Returns 0, or -EINVAL. */
+int phx_fmap_simulate_pressure(phx_ctx *ctx);
+
 #endif

@@ -3,6 +3,9 @@
 Benchmark side. One :class:`Replayer` per run; :meth:`Replayer.run_point` replays one
 (configuration, concurrency) point and returns its record. Data moves outside the cache's
 lock in the thread of the round that needs it; TTFT is taken before the untimed checks.
+Every non-DRAM point starts cold: phoenix's registered page-cache windows are released
+(``fmap_clear``) and the files dropped from the page cache; ``PHX_FMAP_MODE=off`` turns
+the window cache off.
 """
 
 from __future__ import annotations
