@@ -73,13 +73,18 @@ def _local_headers(sources, include_dirs):
                         todo.append(header)
                     break
             else:
-                raise FileNotFoundError(f"{path}: #include \"{name}\" is in none of {include_dirs}")
+                raise FileNotFoundError(f'{path}: #include "{name}" is in none of {include_dirs}')
     return sorted(os.path.relpath(h, HERE) for h in found)
 
 
 def _extension(name, sources, include_dirs, depends=(), **kwargs):
-    return Extension(name, sources=sources, include_dirs=include_dirs,
-                     depends=_local_headers(sources, include_dirs) + list(depends), **kwargs)
+    return Extension(
+        name,
+        sources=sources,
+        include_dirs=include_dirs,
+        depends=_local_headers(sources, include_dirs) + list(depends),
+        **kwargs,
+    )
 
 
 def _subdirs(top):
@@ -125,10 +130,21 @@ setup(
             sources=["phoenix/csrc/phxfile/phxfile.c"],
             include_dirs=["phoenix/csrc"],
             depends=["phoenix/csrc/phxfile/phxfile.map"],  # the version script: a change relinks
-            extra_compile_args=["-O2", "-std=gnu11", "-pthread", "-fvisibility=hidden", "-Wall", "-Wextra",
-                                "-Wno-unused-parameter"],
-            extra_link_args=["-pthread", "-ldl", "-Wl,-soname,libphxfile.so",
-                             "-Wl,--version-script=" + os.path.join(HERE, "phoenix", "csrc", "phxfile", "phxfile.map")],
+            extra_compile_args=[
+                "-O2",
+                "-std=gnu11",
+                "-pthread",
+                "-fvisibility=hidden",
+                "-Wall",
+                "-Wextra",
+                "-Wno-unused-parameter",
+            ],
+            extra_link_args=[
+                "-pthread",
+                "-ldl",
+                "-Wl,-soname,libphxfile.so",
+                "-Wl,--version-script=" + os.path.join(HERE, "phoenix", "csrc", "phxfile", "phxfile.map"),
+            ],
         ),
         _extension(
             HOSTRT,

@@ -49,8 +49,16 @@ def cpu_s() -> float:
 
 def stats_delta(before: dict) -> dict:
     now = pio.stats()
-    keys = ("pool_waits", "copy_flushes", "cache_hit_bytes", "chunks_staged", "io_buffered", "io_direct", "fmap_hits",
-            "fmap_misses")
+    keys = (
+        "pool_waits",
+        "copy_flushes",
+        "cache_hit_bytes",
+        "chunks_staged",
+        "io_buffered",
+        "io_direct",
+        "fmap_hits",
+        "fmap_misses",
+    )
     return {k: now[k] - before[k] for k in keys}
 
 
@@ -115,11 +123,12 @@ def rand(a) -> list[dict]:
     hoff = (-host.ctypes.data) % 4096
     host_buf = (host.ctypes.data + hoff, span)
     import mmap
+
     huge = mmap.mmap(-1, span + (2 << 20))
     hbase = np.frombuffer(huge, np.uint8)
     hoff2 = (-hbase.ctypes.data) % (2 << 20)
     huge.madvise(mmap.MADV_HUGEPAGE, hoff2, span)
-    hbase[hoff2:hoff2 + span] = 0x5A
+    hbase[hoff2 : hoff2 + span] = 0x5A
     huge_buf = (hbase.ctypes.data + hoff2, span)
     print(f"AnonHugePages after the host buffers: {huge_pages_kb()} kB", flush=True)
     bufo = (np.arange(nops) % 4096) * bs
@@ -134,8 +143,10 @@ def rand(a) -> list[dict]:
         """The raw reference with every read landing round robin in the first span_bytes
         of the 2 MiB-page host buffer (as read_many's destinations do) instead of each
         thread's own reused 64 KiB."""
+
         def go():
             return praw.raw_shared_transfer(a.file, size, bs, qd, nops, huge_buf[0], span_bytes)
+
         return go
 
     def many(buf, workers, engine="auto", fresh=False):
@@ -151,20 +162,26 @@ def rand(a) -> list[dict]:
         def start():  # untimed: a change of settings makes a new context (rings, streams, pool)
             with ps.override(**cfg), pio.open(a.file, "r") as f:
                 pio.prepare()
-                f.read_many(buf, fixed[:qd * 4], bs, bufo[:qd * 4])
+                f.read_many(buf, fixed[: qd * 4], bs, bufo[: qd * 4])
+
         go.start = start
         return go
 
-    variants = [("raw_odirect", raw),
-                ("raw_shared_8M", raw_shared(8 << 20)),
-                ("raw_shared_256M", raw_shared(span)),
-                ("dev_8x8_fresh", many((dev, span), 8, fresh=True)),
-                ("host2M_8x8_fresh", many(huge_buf, 8, fresh=True)),
-                ("host2M_64thr_fresh", many(huge_buf, 64, "threads", fresh=True))]
+    variants = [
+        ("raw_odirect", raw),
+        ("raw_shared_8M", raw_shared(8 << 20)),
+        ("raw_shared_256M", raw_shared(span)),
+        ("dev_8x8_fresh", many((dev, span), 8, fresh=True)),
+        ("host2M_8x8_fresh", many(huge_buf, 8, fresh=True)),
+        ("host2M_64thr_fresh", many(huge_buf, 64, "threads", fresh=True)),
+    ]
     if a.all:  # the variants that explained no loss: fixed offsets, 16 x 4, 4 KiB pages, 64 threads
-        variants += [("dev_8x8_fixed", many((dev, span), 8)), ("dev_16x4_fresh", many((dev, span), 16, fresh=True)),
-                     ("host4K_8x8_fresh", many(host_buf, 8, fresh=True)),
-                     ("dev_64thr_fresh", many((dev, span), 64, "threads", fresh=True))]
+        variants += [
+            ("dev_8x8_fixed", many((dev, span), 8)),
+            ("dev_16x4_fresh", many((dev, span), 16, fresh=True)),
+            ("host4K_8x8_fresh", many(host_buf, 8, fresh=True)),
+            ("dev_64thr_fresh", many((dev, span), 64, "threads", fresh=True)),
+        ]
     for rep in range(a.reps):
         k = rep % len(variants)
         for name, fn in variants[k:] + variants[:k]:
@@ -179,13 +196,25 @@ def rand(a) -> list[dict]:
             # by thread name: phx-io, CUDA's, the raw reference's (python3), and io_uring's own
             # iou-wrk (reads the kernel could not start without blocking, punted to a worker)
             by = {k: round(v - t0.get(k, 0.0), 2) for k, v in t1.items() if v - t0.get(k, 0.0) >= 0.01}
-            rec = {"test": "rand", "variant": name, "rep": rep, "iops": nops / secs, "gbps": n / secs / GB,
-                   "cpu_s": cpu, "cpu_cores": cpu / secs, "stats": st, "anon_huge_kb": huge_pages_kb(), "thread_cpu_s": by}
+            rec = {
+                "test": "rand",
+                "variant": name,
+                "rep": rep,
+                "iops": nops / secs,
+                "gbps": n / secs / GB,
+                "cpu_s": cpu,
+                "cpu_cores": cpu / secs,
+                "stats": st,
+                "anon_huge_kb": huge_pages_kb(),
+                "thread_cpu_s": by,
+            }
             out.append(rec)
-            print(f"rand {name:20s} rep {rep}: {rec['iops']:7.0f} IOPS {rec['cpu_cores']:.2f} cores "
-                  f"huge {rec['anon_huge_kb'] >> 10} MiB slots max {st['slot_mib_max']} mean {st['slot_mib_mean']} MiB "
-                  f"pool_waits {st['pool_waits']} flushes {st['copy_flushes']} {by}",
-                  flush=True)
+            print(
+                f"rand {name:20s} rep {rep}: {rec['iops']:7.0f} IOPS {rec['cpu_cores']:.2f} cores "
+                f"huge {rec['anon_huge_kb'] >> 10} MiB slots max {st['slot_mib_max']} mean {st['slot_mib_mean']} MiB "
+                f"pool_waits {st['pool_waits']} flushes {st['copy_flushes']} {by}",
+                flush=True,
+            )
     raw_by_rep = {r["rep"]: r["iops"] for r in out if r["variant"] == "raw_odirect"}
     for name, _ in variants[1:]:
         ratios = [r["iops"] / raw_by_rep[r["rep"]] for r in out if r["variant"] == name]
@@ -213,6 +242,7 @@ def warm(a) -> list[dict]:
         def go():
             with ps.override(threads=threads, chunk_size=chunk), pio.open(a.file, "r") as f:
                 return f.read((dev, size), size, 0, 0)
+
         return go
 
     def run(label, threads, chunk, reps, fmap_mode):
@@ -220,11 +250,22 @@ def warm(a) -> list[dict]:
             pio.prepare()
             for rep in range(reps):
                 n, secs, cpu, st = timed(read(threads, chunk))
-                rec = {"test": "warm", "variant": label, "rep": rep, "threads": threads, "chunk": chunk,
-                       "fmap_mode": fmap_mode, "gbps": n / secs / GB, "cpu_s_per_gb": cpu / (n / GB), "stats": st}
+                rec = {
+                    "test": "warm",
+                    "variant": label,
+                    "rep": rep,
+                    "threads": threads,
+                    "chunk": chunk,
+                    "fmap_mode": fmap_mode,
+                    "gbps": n / secs / GB,
+                    "cpu_s_per_gb": cpu / (n / GB),
+                    "stats": st,
+                }
                 out.append(rec)
-                print(f"warm {label:24s} rep {rep}: {rec['gbps']:6.2f} GB/s  {rec['cpu_s_per_gb']:.3f} CPU s/GB  {st}",
-                      flush=True)
+                print(
+                    f"warm {label:24s} rep {rep}: {rec['gbps']:6.2f} GB/s  {rec['cpu_s_per_gb']:.3f} CPU s/GB  {st}",
+                    flush=True,
+                )
                 if fmap_mode == "auto":
                     pio.fmap_wait(30)
 
@@ -248,8 +289,8 @@ def thread_cpu() -> dict:
                 st = f.read()
         except OSError:
             continue  # the thread ended meanwhile
-        name = st[st.index("(") + 1:st.rindex(")")].rstrip("0123456789").rstrip("-")  # iou-wrk-123: iou-wrk
-        fields = st[st.rindex(")") + 2:].split()
+        name = st[st.index("(") + 1 : st.rindex(")")].rstrip("0123456789").rstrip("-")  # iou-wrk-123: iou-wrk
+        fields = st[st.rindex(")") + 2 :].split()
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
     return out
 
@@ -279,6 +320,7 @@ def warmcfg(a) -> list[dict]:
             with kvikio.defaults.set({"num_threads": threads, "task_size": chunk, "compat_mode": kvikio.CompatMode.ON}):
                 with kvikio.CuFile(a.file, "r") as f:
                     return f.pread(arr, size, 0).get()
+
         return go
 
     def measure(name, fn, before=None, after=None):
@@ -291,11 +333,21 @@ def warmcfg(a) -> list[dict]:
             if after:
                 after()
             per = {k: round((v - t0.get(k, 0.0)) / (n / GB), 3) for k, v in t1.items() if v - t0.get(k, 0.0) > 0.005}
-            rec = {"test": "warmcfg", "variant": name, "rep": rep, "gbps": n / secs / GB, "cpu_s_per_gb": cpu / (n / GB),
-                   "thread_cpu_s_per_gb": per, "stats": st}
+            rec = {
+                "test": "warmcfg",
+                "variant": name,
+                "rep": rep,
+                "gbps": n / secs / GB,
+                "cpu_s_per_gb": cpu / (n / GB),
+                "thread_cpu_s_per_gb": per,
+                "stats": st,
+            }
             out.append(rec)
-            print(f"warmcfg {name:24s} rep {rep}: {rec['gbps']:6.2f} GB/s  {rec['cpu_s_per_gb']:.3f} CPU s/GB "
-                  f"pool_waits {st['pool_waits']:5d} chunks {st['chunks_staged']:5d}  by thread {per}", flush=True)
+            print(
+                f"warmcfg {name:24s} rep {rep}: {rec['gbps']:6.2f} GB/s  {rec['cpu_s_per_gb']:.3f} CPU s/GB "
+                f"pool_waits {st['pool_waits']:5d} chunks {st['chunks_staged']:5d}  by thread {per}",
+                flush=True,
+            )
 
     def phoenix(name, first, **kw):
         with ps.override(**kw):
@@ -349,8 +401,11 @@ def main() -> int:
     p.add_argument("--size", default="8G")
     p.add_argument("--nops", type=int, default=60000)
     p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--all", action="store_true", help="rand: also the other variants (fixed offsets, 16 x 4, "
-                   "4 KiB host pages, 64 threads into device memory)")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="rand: also the other variants (fixed offsets, 16 x 4, 4 KiB host pages, 64 threads into device memory)",
+    )
     p.add_argument("--json")
     a = p.parse_args()
     recs = {"rand": rand, "warm": warm, "warmcfg": warmcfg}[a.what](a)

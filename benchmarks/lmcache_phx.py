@@ -123,8 +123,10 @@ def ensure_loader_path(args) -> dict:
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = libdir + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
         env[REEXEC_FLAG] = libdir
-        log(f"re-executing with LD_LIBRARY_PATH={libdir} prepended (the dynamic loader reads it at start; "
-            "LMCache's find_library('phxfile') / CDLL('libphxfile.so') then resolve phoenix's library)")
+        log(
+            f"re-executing with LD_LIBRARY_PATH={libdir} prepended (the dynamic loader reads it at start; "
+            "LMCache's find_library('phxfile') / CDLL('libphxfile.so') then resolve phoenix's library)"
+        )
         os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env)
     return {
         "library_path": phxfile.library_path(),
@@ -156,7 +158,7 @@ def record_check(root: str) -> dict:
             for line in f:
                 parts = line.rstrip("\n").rsplit(",", 2)
                 if len(parts) == 3 and parts[1].startswith("sha256="):
-                    record[parts[0]] = parts[1][len("sha256="):]
+                    record[parts[0]] = parts[1][len("sha256=") :]
     for rel in LMCACHE_FILES:
         path = os.path.join(root, rel)
         with open(path, "rb") as f:
@@ -187,8 +189,9 @@ def install_stub_parents(root: str) -> None:
 def try_package_import(timeout: float) -> tuple[bool, str]:
     code = "import lmcache.v1.gpu_connector.gds_backends.phx, lmcache.v1.gpu_connector._gds_backends"
     try:
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
-                           cwd=tempfile.gettempdir())
+        r = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=tempfile.gettempdir()
+        )
     except subprocess.TimeoutExpired:
         return False, f"timed out after {timeout:.0f} s"
     if r.returncode == 0:
@@ -202,8 +205,11 @@ def loaded_modules(root: str) -> dict:
     loaded = {}
     for name in sorted(m for m in sys.modules if m == "lmcache" or m.startswith("lmcache.")):
         mod = sys.modules[name]
-        loaded[name] = "stub parent" if getattr(mod, "__phx_stub__", None) else os.path.relpath(
-            getattr(mod, "__file__", "") or "?", root)
+        loaded[name] = (
+            "stub parent"
+            if getattr(mod, "__phx_stub__", None)
+            else os.path.relpath(getattr(mod, "__file__", "") or "?", root)
+        )
     return loaded
 
 
@@ -214,18 +220,22 @@ def load_lmcache(args) -> tuple[types.ModuleType, dict]:
     if method == "auto":
         ok, why = try_package_import(args.package_import_timeout)
         info["package_import"] = why
-        log(f"normal import of lmcache.v1.gpu_connector.gds_backends.phx (all of LMCache's __init__ files): "
-            f"{'works' if ok else 'fails: ' + why}")
+        log(
+            f"normal import of lmcache.v1.gpu_connector.gds_backends.phx (all of LMCache's __init__ files): "
+            f"{'works' if ok else 'fails: ' + why}"
+        )
         method = "package" if ok else "stub"
     if method == "stub":
         install_stub_parents(root)
     discovery = importlib.import_module("lmcache.v1.gpu_connector._gds_backends")
     info["method"] = method
     info["how"] = (
-        "normal import of the installed lmcache package (all of its __init__ files)" if method == "package" else
-        "LMCache's own modules, unchanged, imported from the installed wheel under bare parent packages "
+        "normal import of the installed lmcache package (all of its __init__ files)"
+        if method == "package"
+        else "LMCache's own modules, unchanged, imported from the installed wheel under bare parent packages "
         f"{', '.join(STUB_PARENTS)} (their __init__.py not executed: they pull in LMCache's config, GPU "
-        "connectors and compiled lmcache_native, none of which the phx backend uses)")
+        "connectors and compiled lmcache_native, none of which the phx backend uses)"
+    )
     info["modules"] = loaded_modules(root)
     info["record"] = record_check(root)
     try:
@@ -269,8 +279,12 @@ class TorchCuda:
     def describe(self) -> dict:
         t = self.torch
         p = t.cuda.get_device_properties(self.dev)
-        return {"torch": t.__version__, "torch_cuda": t.version.cuda, "gpu": p.name,
-                "gpu_mem_gib": round(p.total_memory / 2**30, 1)}
+        return {
+            "torch": t.__version__,
+            "torch_cuda": t.version.cuda,
+            "gpu": p.name,
+            "gpu_mem_gib": round(p.total_memory / 2**30, 1),
+        }
 
     def alloc(self, n: int):
         return self.torch.empty(n, dtype=self.torch.uint8, device=self.dev)
@@ -330,7 +344,9 @@ class ArenaTensor:
     def view(self):
         import numpy as np
 
-        return np.ctypeslib.as_array((ctypes.c_uint8 * self.n).from_address(self.ptr)) if self.n else np.zeros(0, np.uint8)
+        return (
+            np.ctypeslib.as_array((ctypes.c_uint8 * self.n).from_address(self.ptr)) if self.n else np.zeros(0, np.uint8)
+        )
 
 
 class HostArena:
@@ -352,8 +368,11 @@ class HostArena:
             tv, tc = torch.__version__, torch.version.cuda
         except ImportError:
             tv = tc = None
-        return {"torch": tv, "torch_cuda": tc, "gpu": "none: phoenix host vendor (device memory = host arena, "
-                "a TEST DOUBLE)"}
+        return {
+            "torch": tv,
+            "torch_cuda": tc,
+            "gpu": "none: phoenix host vendor (device memory = host arena, a TEST DOUBLE)",
+        }
 
     def alloc(self, n: int):
         ptr = self.rt.device_alloc(n)
@@ -499,26 +518,52 @@ def expect_refused(fn, what: str) -> dict:
     except RuntimeError as exc:
         m = re.search(r"rc=(-?\d+)", str(exc))
         rc = int(m.group(1)) if m else None
-        return {"what": what, "refused": True, "rc": rc, "errno": errno.errorcode.get(-rc, "?") if rc else None,
-                "message": str(exc)}
+        return {
+            "what": what,
+            "refused": True,
+            "rc": rc,
+            "errno": errno.errorcode.get(-rc, "?") if rc else None,
+            "message": str(exc),
+        }
     return {"what": what, "refused": False, "submission": sub}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="See the module docstring for how LMCache's backend is loaded and what is mirrored.")
-    ap.add_argument("--dir", default="/root", help="local-disk directory for the slab's temporary folder (default /root)")
-    ap.add_argument("--size", type=parse_size, default=parse_size("4G"), help="bytes written and read back (default 4G)")
-    ap.add_argument("--chunk", type=parse_size, default=parse_size("256M"),
-                    help="LMCache chunk (memory object) size per transfer_async (default 256M)")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="See the module docstring for how LMCache's backend is loaded and what is mirrored.",
+    )
+    ap.add_argument(
+        "--dir", default="/root", help="local-disk directory for the slab's temporary folder (default /root)"
+    )
+    ap.add_argument(
+        "--size", type=parse_size, default=parse_size("4G"), help="bytes written and read back (default 4G)"
+    )
+    ap.add_argument(
+        "--chunk",
+        type=parse_size,
+        default=parse_size("256M"),
+        help="LMCache chunk (memory object) size per transfer_async (default 256M)",
+    )
     ap.add_argument("--reps", type=int, default=2, help="write and read repetitions (every read is verified)")
-    ap.add_argument("--device", choices=["cuda", "host"], default="cuda",
-                    help="cuda: torch CUDA tensors (the H200 run); host: phoenix's host vendor arena (a TEST DOUBLE)")
+    ap.add_argument(
+        "--device",
+        choices=["cuda", "host"],
+        default="cuda",
+        help="cuda: torch CUDA tensors (the H200 run); host: phoenix's host vendor arena (a TEST DOUBLE)",
+    )
     ap.add_argument("--gpu", type=int, default=0, help="CUDA device index")
-    ap.add_argument("--load", choices=["auto", "stub", "package"], default="auto",
-                    help="how LMCache's modules are loaded (see the docstring; default auto)")
+    ap.add_argument(
+        "--load",
+        choices=["auto", "stub", "package"],
+        default="auto",
+        help="how LMCache's modules are loaded (see the docstring; default auto)",
+    )
     ap.add_argument("--package-import-timeout", type=float, default=120.0)
-    ap.add_argument("--no-direct-io", action="store_true", help="open the slab without O_DIRECT (LMCache's use_direct_io=False)")
+    ap.add_argument(
+        "--no-direct-io", action="store_true", help="open the slab without O_DIRECT (LMCache's use_direct_io=False)"
+    )
     ap.add_argument("--no-cold", action="store_true", help="do not drop the page cache before reads")
     ap.add_argument("--keep", action="store_true", help="keep the slab file")
     ap.add_argument("--json", help="write the summary here")
@@ -526,8 +571,14 @@ def main(argv=None) -> int:
 
     if args.device == "host":
         os.environ["PHX_VENDOR"] = "host"
-    summary: dict = {"argv": sys.argv, "host": platform.node(), "python": platform.python_version(),
-                     "device_kind": args.device, "ok": False, "failures": []}
+    summary: dict = {
+        "argv": sys.argv,
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "device_kind": args.device,
+        "ok": False,
+        "failures": [],
+    }
     fails = summary["failures"]
 
     def fail(msg: str) -> None:
@@ -535,14 +586,18 @@ def main(argv=None) -> int:
         fails.append(msg)
 
     summary["loader"] = ensure_loader_path(args)
-    log(f"libphxfile: {summary['loader']['library_path']}; find_library('phxfile') -> "
-        f"{summary['loader']['find_library_phxfile']!r}")
+    log(
+        f"libphxfile: {summary['loader']['library_path']}; find_library('phxfile') -> "
+        f"{summary['loader']['find_library_phxfile']!r}"
+    )
 
     discovery, lm = load_lmcache(args)
     summary["lmcache"] = lm
     log(f"LMCache {lm['version']} at {lm['root']}: loaded by '{lm['method']}': {lm['how']}")
-    log("LMCache files that run here vs the wheel's RECORD: " + ", ".join(
-        f"{os.path.basename(k)} {v}" for k, v in lm["record"]["files"].items()))
+    log(
+        "LMCache files that run here vs the wheel's RECORD: "
+        + ", ".join(f"{os.path.basename(k)} {v}" for k, v in lm["record"]["files"].items())
+    )
     if not lm["record"]["all_match"]:
         fail("LMCache's files differ from the wheel's RECORD")
     region = lm["gds_context_constants"]["_MAX_GDS_REGION"]
@@ -550,8 +605,12 @@ def main(argv=None) -> int:
 
     import phoenix
 
-    summary["phoenix"] = {"version": phoenix.__version__, "file": phoenix.__file__,
-                          "PHX_VENDOR": os.environ.get("PHX_VENDOR"), "PHX_MODE": os.environ.get("PHX_MODE")}
+    summary["phoenix"] = {
+        "version": phoenix.__version__,
+        "file": phoenix.__file__,
+        "PHX_VENDOR": os.environ.get("PHX_VENDOR"),
+        "PHX_MODE": os.environ.get("PHX_MODE"),
+    }
 
     dev = TorchCuda(args.gpu) if args.device == "cuda" else HostArena()
     summary["device"] = dev.describe()
@@ -572,16 +631,23 @@ def main(argv=None) -> int:
         if args.device == "cuda":
             fail(f"validate_environment: {exc}")
             return finish(summary, args)
-        log(f"validate_environment() refused on this torch ({exc}): expected without a CUDA build; "
-            "constructing LMCache's Backend class directly for the host test double")
+        log(
+            f"validate_environment() refused on this torch ({exc}): expected without a CUDA build; "
+            "constructing LMCache's Backend class directly for the host test double"
+        )
         backend = discovery._load_backend_class("phx")()
     lm["modules"] = loaded_modules(lm["root"])
     log("lmcache modules in this process: " + ", ".join(f"{k} ({v})" for k, v in lm["modules"].items()))
     bmod = sys.modules[type(backend).__module__]
-    summary["backend"] = {"class": f"{type(backend).__module__}.{type(backend).__qualname__}",
-                          "file": os.path.relpath(bmod.__file__, lm["root"]), "name": backend.name}
-    log(f"backend: {summary['backend']['class']} ({summary['backend']['file']}), "
-        f"validate_environment: {summary['validate_environment']}")
+    summary["backend"] = {
+        "class": f"{type(backend).__module__}.{type(backend).__qualname__}",
+        "file": os.path.relpath(bmod.__file__, lm["root"]),
+        "name": backend.name,
+    }
+    log(
+        f"backend: {summary['backend']['class']} ({summary['backend']['file']}), "
+        f"validate_environment: {summary['validate_environment']}"
+    )
 
     size = (args.size + align - 1) // align * align
     slab_size = size  # GDSContext.initialize rounds the slab to _GDS_ALIGNMENT
@@ -602,11 +668,12 @@ def main(argv=None) -> int:
                 handle = backend.open_slab(tmpdir, slab_size, direct)
             else:
                 raise
-        summary["slab"] = {"path": handle.path, "size": slab_size, "direct_io": direct,
-                           "fs": fs_type(tmpdir)}
+        summary["slab"] = {"path": handle.path, "size": slab_size, "direct_io": direct, "fs": fs_type(tmpdir)}
         summary["library_loaded_by_lmcache"] = getattr(backend._lib, "_name", None)
-        log(f"slab {handle.path} ({slab_size / 2**30:.2f} GiB, O_DIRECT={direct}, fs {summary['slab']['fs']}); "
-            f"LMCache's Backend.library() loaded {summary['library_loaded_by_lmcache']!r}")
+        log(
+            f"slab {handle.path} ({slab_size / 2**30:.2f} GiB, O_DIRECT={direct}, fs {summary['slab']['fs']}); "
+            f"LMCache's Backend.library() loaded {summary['library_loaded_by_lmcache']!r}"
+        )
 
         src, dst = dev.alloc(size), dev.alloc(size)
         dev.fill_random(src, 8)
@@ -615,11 +682,17 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             nreg = reg.register(src) + reg.register(dst)
             treg = time.perf_counter() - t0
-        summary["registration"] = {"regions": nreg, "region_bytes": region, "seconds": round(treg, 4),
-                                   "streams": len(reg.streams)}
-        log(f"registered 2 x {size / 2**30:.2f} GiB as {nreg} regions of <= {region >> 20} MiB in {treg * 1e3:.1f} ms "
+        summary["registration"] = {
+            "regions": nreg,
+            "region_bytes": region,
+            "seconds": round(treg, 4),
+            "streams": len(reg.streams),
+        }
+        log(
+            f"registered 2 x {size / 2**30:.2f} GiB as {nreg} regions of <= {region >> 20} MiB in {treg * 1e3:.1f} ms "
             "(LMCache's Backend.register_stream + register_buffer per region, in the order of GDSContext."
-            "register_gpu_buffer, which this script mirrors: gds_context.py is not imported)")
+            "register_gpu_buffer, which this script mirrors: gds_context.py is not imported)"
+        )
 
         def timed_transfer(write: bool, tensor):
             """The whole tensor to (write) or from the slab in `chunk` transfers on the stream,
@@ -637,8 +710,15 @@ def main(argv=None) -> int:
         for rep in range(args.reps):
             # -- write
             tw, subs, bad = timed_transfer(True, src)
-            writes.append({"rep": rep, "seconds": round(tw, 4), "gbps": round(size / tw / 1e9, 3),
-                           "submissions": len(subs), "bad_submissions": len(bad)})
+            writes.append(
+                {
+                    "rep": rep,
+                    "seconds": round(tw, 4),
+                    "gbps": round(size / tw / 1e9, 3),
+                    "submissions": len(subs),
+                    "bad_submissions": len(bad),
+                }
+            )
             log(f"write rep {rep}: {size / tw / 1e9:.2f} GB/s ({len(subs)} submissions, {tw:.3f} s)")
             if bad:
                 fail(f"write rep {rep}: {len(bad)} submissions with bytes_done != size, first {bad[0]}")
@@ -647,11 +727,23 @@ def main(argv=None) -> int:
             cache = "warm (not dropped)" if args.no_cold else drop_cache(handle.fd, handle.path)
             tr, subs, bad = timed_transfer(False, dst)
             same, ndiff, first = dev.equal(src, dst)
-            reads.append({"rep": rep, "seconds": round(tr, 4), "gbps": round(size / tr / 1e9, 3), "cache": cache,
-                          "submissions": len(subs), "bad_submissions": len(bad), "equal": same,
-                          "bytes_differ": ndiff, "first_diff": first})
-            log(f"read  rep {rep}: {size / tr / 1e9:.2f} GB/s ({len(subs)} submissions, {tr:.3f} s, cache: {cache}); "
-                f"every byte equal: {same}" + ("" if same else f" ({ndiff} differ, first at {first})"))
+            reads.append(
+                {
+                    "rep": rep,
+                    "seconds": round(tr, 4),
+                    "gbps": round(size / tr / 1e9, 3),
+                    "cache": cache,
+                    "submissions": len(subs),
+                    "bad_submissions": len(bad),
+                    "equal": same,
+                    "bytes_differ": ndiff,
+                    "first_diff": first,
+                }
+            )
+            log(
+                f"read  rep {rep}: {size / tr / 1e9:.2f} GB/s ({len(subs)} submissions, {tr:.3f} s, cache: {cache}); "
+                f"every byte equal: {same}" + ("" if same else f" ({ndiff} differ, first at {first})")
+            )
             if bad:
                 fail(f"read rep {rep}: {len(bad)} submissions with bytes_done != size, first {bad[0]}")
             if not same:
@@ -659,7 +751,9 @@ def main(argv=None) -> int:
         summary["write"], summary["read"] = writes, reads
         for key, rows in (("write", writes), ("read", reads)):
             g = sorted(r["gbps"] for r in rows)
-            summary[f"{key}_gbps_median"] = g[len(g) // 2] if len(g) % 2 else round((g[len(g) // 2 - 1] + g[len(g) // 2]) / 2, 3)
+            summary[f"{key}_gbps_median"] = (
+                g[len(g) // 2] if len(g) % 2 else round((g[len(g) // 2 - 1] + g[len(g) // 2]) / 2, 3)
+            )
             summary[f"{key}_gbps_best"] = g[-1]
 
         # -- edge checks
@@ -742,14 +836,22 @@ def edge_checks(backend, handle, reg, dev, src, region: int, fail) -> dict:
             base0, base1 = body.data_ptr(), body.data_ptr() + region
             raw = dev.raw_stream()
             checks = [
-                expect_refused(lambda: handle.read_async(base0, 8192, 0, region - 4096, raw),
-                               "read: region 0's base, an extent running 4 KiB into region 1"),
-                expect_refused(lambda: handle.write_async(base0, 8192, 8192, region - 4096, raw),
-                               "write: region 0's base, an extent running 4 KiB into region 1"),
-                expect_refused(lambda: handle.read_async(base1, 8192, 0, region - 4096, raw),
-                               "read: past the end of the last registered region (into the unregistered guard)"),
-                expect_refused(lambda: handle.write_async(base1, 8192, 16384, region - 4096, raw),
-                               "write: past the end of the last registered region"),
+                expect_refused(
+                    lambda: handle.read_async(base0, 8192, 0, region - 4096, raw),
+                    "read: region 0's base, an extent running 4 KiB into region 1",
+                ),
+                expect_refused(
+                    lambda: handle.write_async(base0, 8192, 8192, region - 4096, raw),
+                    "write: region 0's base, an extent running 4 KiB into region 1",
+                ),
+                expect_refused(
+                    lambda: handle.read_async(base1, 8192, 0, region - 4096, raw),
+                    "read: past the end of the last registered region (into the unregistered guard)",
+                ),
+                expect_refused(
+                    lambda: handle.write_async(base1, 8192, 16384, region - 4096, raw),
+                    "write: past the end of the last registered region",
+                ),
             ]
             dev.sync()
         for c in checks:
@@ -776,10 +878,15 @@ def edge_checks(backend, handle, reg, dev, src, region: int, fail) -> dict:
         split_ok = [s.bytes_done for s in subs] == [4096, 4096]
         same, _, _ = dev.equal(dev.slice(buf, region - 4096, region + 4096), dev.slice(src, 0, 8192))
         guard_ok = dev.all_value(dev.slice(buf, 2 * region, total), POISON)
-        out["split_at_boundary"] = {"bytes_done": [s.bytes_done for s in subs], "data_equal": same,
-                                    "guard_untouched": guard_ok}
-        log(f"edge: the same extent split at the region boundary: bytes_done {[s.bytes_done for s in subs]}, "
-            f"data equal {same}, guard untouched {guard_ok}")
+        out["split_at_boundary"] = {
+            "bytes_done": [s.bytes_done for s in subs],
+            "data_equal": same,
+            "guard_untouched": guard_ok,
+        }
+        log(
+            f"edge: the same extent split at the region boundary: bytes_done {[s.bytes_done for s in subs]}, "
+            f"data equal {same}, guard untouched {guard_ok}"
+        )
         if not (split_ok and same and guard_ok):
             fail("edge: the split transfer across the region boundary failed")
         # deregistering a base that is not registered is tolerated (LMCache's contract)
@@ -813,11 +920,16 @@ def finish(summary: dict, args) -> int:
             json.dump(summary, f, indent=1, default=str)
         log(f"summary written to {args.json}")
     if summary.get("write") and summary.get("read"):
-        log(f"RESULT: write {summary['write_gbps_median']} GB/s (median of {len(summary['write'])}), read "
+        log(
+            f"RESULT: write {summary['write_gbps_median']} GB/s (median of {len(summary['write'])}), read "
             f"{summary['read_gbps_median']} GB/s (median, {summary['read'][0]['cache']}); {args.size / 2**20:.0f} MiB "
-            f"in {args.chunk / 2**20:.0f} MiB chunks, split at 16 MiB regions")
-    log("PASS: LMCache's phx backend round-tripped every byte through libphxfile" if summary["ok"]
-        else f"FAILED: {len(summary['failures'])} failure(s): " + "; ".join(summary["failures"]))
+            f"in {args.chunk / 2**20:.0f} MiB chunks, split at 16 MiB regions"
+        )
+    log(
+        "PASS: LMCache's phx backend round-tripped every byte through libphxfile"
+        if summary["ok"]
+        else f"FAILED: {len(summary['failures'])} failure(s): " + "; ".join(summary["failures"])
+    )
     return 0 if summary["ok"] else 1
 
 

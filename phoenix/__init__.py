@@ -39,8 +39,19 @@ from . import settings  # noqa: E402
 from .errors import PhxError, PhxIOError, VendorError  # noqa: E402
 from .registry import get_runtime, use_vendor  # noqa: E402
 
-__all__ = ["__version__", "PhxError", "PhxIOError", "VendorError", "get_runtime", "use_vendor",
-           "open", "batch", "register", "deregister", "settings"]
+__all__ = [
+    "__version__",
+    "PhxError",
+    "PhxIOError",
+    "VendorError",
+    "get_runtime",
+    "use_vendor",
+    "open",
+    "batch",
+    "register",
+    "deregister",
+    "settings",
+]
 
 _IO_NAMES = {"open", "batch", "register", "deregister"}
 

@@ -118,13 +118,16 @@ _STAT_FIELDS = _stat_fields()
 
 
 class _Sizes(ctypes.Structure):
-    _fields_ = [("bounce_pool", ctypes.c_uint64), ("chunk", ctypes.c_uint64), ("staged_chunk", ctypes.c_uint64),
-                ("max_slot", ctypes.c_uint64)]
+    _fields_ = [
+        ("bounce_pool", ctypes.c_uint64),
+        ("chunk", ctypes.c_uint64),
+        ("staged_chunk", ctypes.c_uint64),
+        ("max_slot", ctypes.c_uint64),
+    ]
 
 
 class _Stats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in _STAT_FIELDS]
-
 
 
 _P = ctypes.c_void_p
@@ -138,7 +141,10 @@ def _bind():
         "phx_ctx_engine": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_size_t]),
         "phx_ctx_destroy": (None, [_P]),
         "phx_ctx_prepare": (ctypes.c_int64, [_P]),
-        "phx_file_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(_P)]),
+        "phx_file_open": (
+            ctypes.c_int,
+            [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(_P)],
+        ),
         "phx_file_from_fd": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.POINTER(_P)]),
         "phx_file_close": (ctypes.c_int, [_P]),
         "phx_file_fsync": (ctypes.c_int, [_P]),
@@ -151,10 +157,15 @@ def _bind():
         "phx_req_result": (ctypes.c_int64, [_P]),
         "phx_req_error_extent": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_uint64)]),
         "phx_req_release": (None, [_P]),
-        "phx_req_wait_all": (ctypes.c_int, [ctypes.POINTER(_P), ctypes.c_uint32, ctypes.POINTER(ctypes.c_int64),
-                                            ctypes.c_int64]),
+        "phx_req_wait_all": (
+            ctypes.c_int,
+            [ctypes.POINTER(_P), ctypes.c_uint32, ctypes.POINTER(ctypes.c_int64), ctypes.c_int64],
+        ),
         "phx_req_release_all": (None, [ctypes.POINTER(_P), ctypes.c_uint32]),
-        "phx_stream_io": (ctypes.c_int, [_P, ctypes.POINTER(_Desc), _P, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(_P)]),
+        "phx_stream_io": (
+            ctypes.c_int,
+            [_P, ctypes.POINTER(_Desc), _P, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(_P)],
+        ),
         "phx_sop_done": (ctypes.c_int, [_P]),
         "phx_sop_wait": (ctypes.c_int, [_P, ctypes.c_int64]),
         "phx_sop_result": (ctypes.c_int64, [_P]),
@@ -193,11 +204,15 @@ def _desc_dtype():
     """``struct phx_io_desc`` as a NumPy record: read_many / write_many build descriptors in bulk."""
     import numpy as np
 
-    dt = np.dtype({"names": [f for f, _ in _Desc._fields_],
-                   "formats": ["<u8", "<u8", "<u8", "<i8", "<i4", "<i4", "<i4", "<i4", "<u8"],
-                   "offsets": [getattr(_Desc, f).offset for f, _ in _Desc._fields_], "itemsize": ctypes.sizeof(_Desc)})
+    dt = np.dtype(
+        {
+            "names": [f for f, _ in _Desc._fields_],
+            "formats": ["<u8", "<u8", "<u8", "<i8", "<i4", "<i4", "<i4", "<i4", "<u8"],
+            "offsets": [getattr(_Desc, f).offset for f, _ in _Desc._fields_],
+            "itemsize": ctypes.sizeof(_Desc),
+        }
+    )
     return dt
 
 
 _DESC_DTYPE = _desc_dtype()
-

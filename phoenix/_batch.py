@@ -36,19 +36,28 @@ def _normalize(req, i: int):
     if isinstance(req, dict):
         unknown = set(req) - {"file", "buf", "size", "file_offset", "buf_offset", "op"}
         if unknown or "file" not in req or "buf" not in req:
-            return TypeError(f"request {i}: a dict needs 'file' and 'buf' (and may have size, file_offset, "
-                             f"buf_offset, op){'; unknown keys ' + ', '.join(sorted(map(str, unknown))) if unknown else ''}")
-        return (req["file"], req["buf"], req.get("size"), req.get("file_offset", 0), req.get("buf_offset", 0),
-                req.get("op", "read"))
+            return TypeError(
+                f"request {i}: a dict needs 'file' and 'buf' (and may have size, file_offset, "
+                f"buf_offset, op){'; unknown keys ' + ', '.join(sorted(map(str, unknown))) if unknown else ''}"
+            )
+        return (
+            req["file"],
+            req["buf"],
+            req.get("size"),
+            req.get("file_offset", 0),
+            req.get("buf_offset", 0),
+            req.get("op", "read"),
+        )
     try:
         t = tuple(req)
     except TypeError:
-        return TypeError(f"request {i}: (file, buf, size, file_offset, buf_offset, op) expected, "
-                         f"got {type(req).__name__}")
+        return TypeError(
+            f"request {i}: (file, buf, size, file_offset, buf_offset, op) expected, got {type(req).__name__}"
+        )
     if not 2 <= len(t) <= 6:
         return TypeError(f"request {i}: (file, buf, size, file_offset, buf_offset, op) expected, got {len(t)} items")
     defaults = (None, None, None, 0, 0, "read")
-    return t + defaults[len(t):]
+    return t + defaults[len(t) :]
 
 
 def batch(requests, *, wait: bool = True, stream=None):
@@ -93,7 +102,9 @@ def batch(requests, *, wait: bool = True, stream=None):
             f, off, size, what = meta[i]
             eo, el = ctypes.c_int64(off), ctypes.c_uint64(size)
             _lib.phx_req_error_extent(handles[i], ctypes.byref(eo), ctypes.byref(el))
-            where = "" if (eo.value, el.value) == (off, size) else f"; failed chunk at offset {eo.value}, length {el.value}"
+            where = (
+                "" if (eo.value, el.value) == (off, size) else f"; failed chunk at offset {eo.value}, length {el.value}"
+            )
             out.append(file_error(-res, f, off, size, f"{what}{where}"))
         bufs[i].release()
     _lib.phx_req_release_all(handles, n)

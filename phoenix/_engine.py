@@ -61,9 +61,19 @@ def make_config(s: _settings.Settings, runtime=None) -> _Config:
     """``struct phx_io_config`` for a set of settings and the runtime they are applied
     with (every context is built from one)."""
     flags = CFG_CPU_COPIES if runtime is not None and getattr(runtime, "is_test_double", False) else 0
-    return _Config(s.threads, s.queue_depth, s.chunk_size, s.bounce_pool_size, ENGINE[s.engine],
-                   FMAP_MODE[s.fmap_mode], s.fmap_cache, s.fmap_window, fmap_register_flags(s, runtime), flags,
-                   int(s.fmap_idle * 1e9))
+    return _Config(
+        s.threads,
+        s.queue_depth,
+        s.chunk_size,
+        s.bounce_pool_size,
+        ENGINE[s.engine],
+        FMAP_MODE[s.fmap_mode],
+        s.fmap_cache,
+        s.fmap_window,
+        fmap_register_flags(s, runtime),
+        flags,
+        int(s.fmap_idle * 1e9),
+    )
 
 
 # ---- engines (C contexts) ---------------------------------------------------------------------

@@ -39,8 +39,15 @@ def _resolve(runtime, obj, size, buf_offset, writable, path, file_offset, what, 
     size, file_offset, buf_offset = _checks.extent(size, file_offset, buf_offset, path, what)
     r = _Resolved()
     r.foff = file_offset
-    if type(obj) is tuple and len(obj) == 2 and type(obj[0]) is int and type(obj[1]) is int and \
-            0 < obj[0] and 0 <= obj[1] <= _checks.I64_MAX and obj[0] + obj[1] <= _checks.U64_MAX + 1:
+    if (
+        type(obj) is tuple
+        and len(obj) == 2
+        and type(obj[0]) is int
+        and type(obj[1]) is int
+        and 0 < obj[0]
+        and 0 <= obj[1] <= _checks.I64_MAX
+        and obj[0] + obj[1] <= _checks.U64_MAX + 1
+    ):
         base, nbytes, kind, kdev, source = obj[0], obj[1], None, None, "raw"  # the common batch case: no Buffer
         r.buf = None
     else:
@@ -51,9 +58,13 @@ def _resolve(runtime, obj, size, buf_offset, writable, path, file_offset, what, 
         if size is None:
             size = max(0, nbytes - buf_offset)
         if buf_offset + size > nbytes:
-            raise extent_error(path, file_offset, size, what,
-                               f"the buffer holds {nbytes} bytes; the request needs {size} from buffer offset "
-                               f"{buf_offset}")
+            raise extent_error(
+                path,
+                file_offset,
+                size,
+                what,
+                f"the buffer holds {nbytes} bytes; the request needs {size} from buffer offset {buf_offset}",
+            )
         r.addr, r.size = base + buf_offset, size
         if size == 0:
             r.mem, r.device, r.why = _buffers.MEM_HOST, 0, "empty"
@@ -61,9 +72,14 @@ def _resolve(runtime, obj, size, buf_offset, writable, path, file_offset, what, 
         info = _RegInfo()
         rc = _lib.phx_reg_lookup(r.addr, size, ctypes.byref(info))
         if rc == -_errno.EFAULT:
-            raise extent_error(path, file_offset, size, what,
-                               f"its registration [{info.base:#x}, +{info.size}) holds {info.size} bytes; the request "
-                               f"needs {size} from {r.addr - info.base} bytes into it (register the whole buffer)")
+            raise extent_error(
+                path,
+                file_offset,
+                size,
+                what,
+                f"its registration [{info.base:#x}, +{info.size}) holds {info.size} bytes; the request "
+                f"needs {size} from {r.addr - info.base} bytes into it (register the whole buffer)",
+            )
         if rc == 0:
             r.mem, r.device, r.why = info.mem, info.device, "registered"
             return r
@@ -78,8 +94,9 @@ def _resolve(runtime, obj, size, buf_offset, writable, path, file_offset, what, 
             if cache is not None:
                 cache.put(runtime, r.addr, r)
         if r.mem == _buffers.MEM_HOST and source == "raw" and _lib.phx_mem_probe(r.addr, size) == -_errno.EFAULT:
-            raise extent_error(path, file_offset, size, what,
-                               f"[{r.addr:#x}, +{size}) is not accessible memory (freed?)")
+            raise extent_error(
+                path, file_offset, size, what, f"[{r.addr:#x}, +{size}) is not accessible memory (freed?)"
+            )
         return r
     except BaseException:
         r.release()
@@ -118,9 +135,15 @@ class _ClassCache:
 
 def _check_mode(r: _Resolved, mode: str, path, file_offset, what):
     if mode == "direct" and r.mem == _buffers.MEM_DEVICE:
-        raise PhxIOError(_errno.EOPNOTSUPP, path, file_offset, r.size, what,
-                         reason=f"PHX_MODE=direct, but this device memory is not direct-capable ({r.why}); "
-                         "set PHX_MODE=auto to move it through bounce buffers")
+        raise PhxIOError(
+            _errno.EOPNOTSUPP,
+            path,
+            file_offset,
+            r.size,
+            what,
+            reason=f"PHX_MODE=direct, but this device memory is not direct-capable ({r.why}); "
+            "set PHX_MODE=auto to move it through bounce buffers",
+        )
 
 
 class _Nothing:
@@ -158,16 +181,28 @@ class _Fences:
         if key in self.fences:
             return self.fences[key] or None
         if not self.engine.has_data_path:
-            raise PhxIOError(_errno.ENODEV, path, file_offset, r.size, what,
-                             reason=f"stream={stream:#x} given, but no vendor runtime with a data path is selected "
-                             "to order with it; set PHX_VENDOR to the stream's vendor")
+            raise PhxIOError(
+                _errno.ENODEV,
+                path,
+                file_offset,
+                r.size,
+                what,
+                reason=f"stream={stream:#x} given, but no vendor runtime with a data path is selected "
+                "to order with it; set PHX_VENDOR to the stream's vendor",
+            )
         out = _P()
         rc = _lib.phx_fence_record(self.engine.handle, device, stream, ctypes.byref(out))
         if rc < 0:
-            raise PhxIOError(-rc, path, file_offset, r.size, what,
-                             reason=f"cannot order with the caller's stream {stream:#x} on device {device}: the "
-                             f"vendor refused to record an event on it ({_strerror(rc)}; a destroyed stream, or "
-                             "another device's?)")
+            raise PhxIOError(
+                -rc,
+                path,
+                file_offset,
+                r.size,
+                what,
+                reason=f"cannot order with the caller's stream {stream:#x} on device {device}: the "
+                f"vendor refused to record an event on it ({_strerror(rc)}; a destroyed stream, or "
+                "another device's?)",
+            )
         self.fences[key] = out.value or 0
         return out.value or None
 

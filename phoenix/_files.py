@@ -74,17 +74,22 @@ def _open_error(err: int, path: str, mode: str, direct, fd) -> PhxIOError:
     if err == _errno.ENOENT:
         parent = os.path.dirname(path) or "."
         if "r" not in key and not os.path.isdir(parent):
-            reason = (f"No such file or directory: its directory {parent} does not exist; create it first "
-                      f"(mode {mode!r} creates the file, not its directories)")
+            reason = (
+                f"No such file or directory: its directory {parent} does not exist; create it first "
+                f"(mode {mode!r} creates the file, not its directories)"
+            )
         else:
             reason = "No such file or directory" + ("; open it with 'w' or 'a' to create it" if key == "r+" else "")
     elif err in (_errno.EACCES, _errno.EPERM):
         if "r" not in key and not os.path.lexists(path):
-            reason = (f"Permission denied: mode {mode!r} creates the file, which needs permission to write its "
-                      f"directory {os.path.dirname(path) or '.'}")
+            reason = (
+                f"Permission denied: mode {mode!r} creates the file, which needs permission to write its "
+                f"directory {os.path.dirname(path) or '.'}"
+            )
         else:
-            reason = f"Permission denied: mode {mode!r} needs permission to {need} it" + \
-                ("; open it with 'r' to only read it" if writable and readable and key.startswith("r") else "")
+            reason = f"Permission denied: mode {mode!r} needs permission to {need} it" + (
+                "; open it with 'r' to only read it" if writable and readable and key.startswith("r") else ""
+            )
     elif err == _errno.EROFS:
         reason = f"Read-only file system: mode {mode!r} writes; open it with 'r', or write the file elsewhere"
     elif err == _errno.EISDIR:
@@ -92,14 +97,19 @@ def _open_error(err: int, path: str, mode: str, direct, fd) -> PhxIOError:
     elif err == _errno.ENOTDIR:
         reason = "Not a directory: a component of the path is a file, not a directory"
     elif err == _errno.EEXIST:
-        reason = (f"File exists: mode {mode!r} only creates a new file; open it with 'w' to replace it "
-                  "or 'r+' to change it")
+        reason = (
+            f"File exists: mode {mode!r} only creates a new file; open it with 'w' to replace it or 'r+' to change it"
+        )
     elif err == _errno.EINVAL and direct:
-        reason = ("the file system refuses O_DIRECT (Invalid argument), which direct=True requires; "
-                  "pass direct=None to fall back to buffered I/O where it is refused")
+        reason = (
+            "the file system refuses O_DIRECT (Invalid argument), which direct=True requires; "
+            "pass direct=None to fall back to buffered I/O where it is refused"
+        )
     elif err == _errno.ESPIPE:
-        reason = ("Illegal seek: phoenix moves data at file offsets; a pipe, FIFO, socket or terminal has none; "
-                  "give a regular file or a block device")
+        reason = (
+            "Illegal seek: phoenix moves data at file offsets; a pipe, FIFO, socket or terminal has none; "
+            "give a regular file or a block device"
+        )
     else:
         reason = None
     return PhxIOError(err, path, reason=reason)
@@ -116,8 +126,16 @@ class PhxFile:
     Thread-safe: any number of threads may submit I/O on one file.
     """
 
-    def __init__(self, path, mode: str = "r", *, direct: bool | None = None, sync: bool = False, perm: int = 0o644,
-                 fd: int | None = None):
+    def __init__(
+        self,
+        path,
+        mode: str = "r",
+        *,
+        direct: bool | None = None,
+        sync: bool = False,
+        perm: int = 0o644,
+        fd: int | None = None,
+    ):
         self._h = None
         self._fd = None
         self._closed = True
@@ -237,16 +255,18 @@ class PhxFile:
         what = "pread" if op == OP_READ else "pwrite"
         return _submit_many([(self, buf, size, file_offset, buf_offset, op)], what, stream=stream)[0]
 
-    def pread(self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0, *,
-              stream=None) -> IOFuture:
+    def pread(
+        self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0, *, stream=None
+    ) -> IOFuture:
         """Read ``size`` bytes (default: to the end of ``buf``) at ``file_offset`` into
         ``buf`` at ``buf_offset``; returns an :class:`IOFuture` of the byte count.
         Ordered after the caller's stream (``stream``: see "Ordering with the caller's
         stream" in :mod:`phoenix.io`); the bytes are in place once the future is done."""
         return self._submit(OP_READ, buf, size, file_offset, buf_offset, stream)
 
-    def pwrite(self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0, *,
-               stream=None) -> IOFuture:
+    def pwrite(
+        self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0, *, stream=None
+    ) -> IOFuture:
         """Write ``size`` bytes of ``buf`` from ``buf_offset`` to the file at ``file_offset``
         (after the work queued so far on the caller's stream has produced them)."""
         return self._submit(OP_WRITE, buf, size, file_offset, buf_offset, stream)
@@ -305,28 +325,46 @@ class PhxFile:
         fences = _Fences(engine)
         try:
             for i in (lo_i, hi_i):
-                rs.append(_resolve(engine.runtime, buf, int(sz[i]), int(bo[i]), op == OP_READ, self.path,
-                                   int(fo[i]), f"{what} (extent {i} of {n})", stream=explicit))
+                rs.append(
+                    _resolve(
+                        engine.runtime,
+                        buf,
+                        int(sz[i]),
+                        int(bo[i]),
+                        op == OP_READ,
+                        self.path,
+                        int(fo[i]),
+                        f"{what} (extent {i} of {n})",
+                        stream=explicit,
+                    )
+                )
             r, e = rs
             if (r.mem, r.device) != (e.mem, e.device):
-                raise ValueError(f"{what}: the buffer's extents lie in different memory "
-                                 f"({MEM_NAME.get(r.mem)} {r.device} and {MEM_NAME.get(e.mem)} {e.device})")
+                raise ValueError(
+                    f"{what}: the buffer's extents lie in different memory "
+                    f"({MEM_NAME.get(r.mem)} {r.device} and {MEM_NAME.get(e.mem)} {e.device})"
+                )
             _check_mode(e, s.mode, self.path, int(fo[hi_i]), what)
             base, span = r.addr - int(bo[lo_i]), int(ends[hi_i] - bo[lo_i])
-            if r.mem == _buffers.MEM_HOST and r.buf is None and \
-                    _lib.phx_mem_probe(r.addr, span) == -_errno.EFAULT:
-                raise extent_error(self.path, int(fo[lo_i]), span, what,
-                                   f"[{r.addr:#x}, +{span}) is not accessible memory (freed?)")
+            if r.mem == _buffers.MEM_HOST and r.buf is None and _lib.phx_mem_probe(r.addr, span) == -_errno.EFAULT:
+                raise extent_error(
+                    self.path, int(fo[lo_i]), span, what, f"[{r.addr:#x}, +{span}) is not accessible memory (freed?)"
+                )
             if r.mem != _buffers.MEM_HOST and engine.runtime is not None:
                 # every extent in the device allocation the lowest one is in: the two ends
                 # may each lie in an allocation, and the gap between them in the next one
                 info = engine.runtime.pointer_info(r.addr)
                 if info.size and r.addr + span > info.base + info.size:
-                    raise extent_error(self.path, int(fo[hi_i]), int(sz[hi_i]), f"{what}: extent {hi_i} of {n}",
-                                       f"the device allocation [{info.base:#x}, +{info.size}) of extent {lo_i} "
-                                       f"holds {info.size} bytes; the extents need {span} from {r.addr - info.base} "
-                                       f"bytes into it (extent {hi_i} ends outside it); nothing was moved: keep "
-                                       "every extent of one call inside one allocation")
+                    raise extent_error(
+                        self.path,
+                        int(fo[hi_i]),
+                        int(sz[hi_i]),
+                        f"{what}: extent {hi_i} of {n}",
+                        f"the device allocation [{info.base:#x}, +{info.size}) of extent {lo_i} "
+                        f"holds {info.size} bytes; the extents need {span} from {r.addr - info.base} "
+                        f"bytes into it (extent {hi_i} ends outside it); nothing was moved: keep "
+                        "every extent of one call inside one allocation",
+                    )
             descs = np.zeros(n, _DESC_DTYPE)
             descs["addr"] = np.uint64(base) + bo.astype(np.uint64)
             descs["size"] = sz
@@ -339,8 +377,12 @@ class PhxFile:
                 descs["file"] = h
                 for a in range(0, n, _MANY_SLICE):  # the first slices run while the next are built
                     b = min(n, a + _MANY_SLICE)
-                    rc = _lib.phx_submit(engine.handle, descs[a:].ctypes.data_as(ctypes.POINTER(_Desc)), b - a,
-                                         handles[a:].ctypes.data_as(ctypes.POINTER(_P)))
+                    rc = _lib.phx_submit(
+                        engine.handle,
+                        descs[a:].ctypes.data_as(ctypes.POINTER(_Desc)),
+                        b - a,
+                        handles[a:].ctypes.data_as(ctypes.POINTER(_P)),
+                    )
                     if rc < 0:  # out of memory: the earlier slices are in flight, wait for them
                         out[a:] = rc
                         n = a
@@ -354,8 +396,13 @@ class PhxFile:
                     eo, el = ctypes.c_int64(int(fo[k])), ctypes.c_uint64(int(sz[k]))
                     if handles[k]:
                         _lib.phx_req_error_extent(_P(int(handles[k])), ctypes.byref(eo), ctypes.byref(el))
-                    err = file_error(int(-out[k]), self, eo.value, el.value,
-                                     f"{what}: extent {k} of {fo.size} failed ({bad.size} failed in all)")
+                    err = file_error(
+                        int(-out[k]),
+                        self,
+                        eo.value,
+                        el.value,
+                        f"{what}: extent {k} of {fo.size} failed ({bad.size} failed in all)",
+                    )
                 _lib.phx_req_release_all(hp, n)
             finally:
                 self._leave()
@@ -375,16 +422,23 @@ class PhxFile:
     def _stream_on(self, engine, s, op, buf, size, file_offset, buf_offset, stream) -> StreamIO:
         what = "read_async" if op == OP_READ else "write_async"
         explicit = None if stream is None else _streams.handle(stream)
-        r = _resolve(engine.runtime, buf, size, buf_offset, op == OP_READ, self.path, file_offset, what,
-                     stream=explicit)
+        r = _resolve(
+            engine.runtime, buf, size, buf_offset, op == OP_READ, self.path, file_offset, what, stream=explicit
+        )
         keep = r.buf if r.buf is not None else _NOTHING
         try:
             file_offset = r.foff
             _check_mode(r, s.mode, self.path, file_offset, what)
             if not engine.has_data_path:
-                raise PhxIOError(_errno.ENODEV, self.path, file_offset, r.size, what,
-                                 reason="the vendor runtime has no data path (launch_host_func) for stream-ordered "
-                                 "I/O; use read/write (or pread/pwrite) instead")
+                raise PhxIOError(
+                    _errno.ENODEV,
+                    self.path,
+                    file_offset,
+                    r.size,
+                    what,
+                    reason="the vendor runtime has no data path (launch_host_func) for stream-ordered "
+                    "I/O; use read/write (or pread/pwrite) instead",
+                )
             h = self._enter()
             try:
                 d = _Desc(h, r.addr, r.size, file_offset, op, r.mem, r.device, MODE[s.mode])
@@ -404,16 +458,18 @@ class PhxFile:
             _stream_ops.add(op_obj)
         return op_obj
 
-    def read_async(self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0,
-                   stream=None) -> StreamIO:
+    def read_async(
+        self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0, stream=None
+    ) -> StreamIO:
         """Read ordered on ``stream`` (None: the caller's stream, found as for :meth:`read`):
         work queued on it before this call has finished when the read starts, work queued
         after sees the bytes. Returns a :class:`StreamIO` whose ``bytes_done`` is bound when
         the stream gets there."""
         return self._stream(OP_READ, buf, size, file_offset, buf_offset, stream)
 
-    def write_async(self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0,
-                    stream=None) -> StreamIO:
+    def write_async(
+        self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0, stream=None
+    ) -> StreamIO:
         """Write ordered on ``stream`` (see :meth:`read_async`)."""
         return self._stream(OP_WRITE, buf, size, file_offset, buf_offset, stream)
 
@@ -493,8 +549,9 @@ def _submit_on(engine, s, reqs, what_default, want_futures, stream):
                         raise TypeError(f"request {i}: {type(f).__name__} is not a phoenix file (phoenix.io.open)")
                     f._enter()  # ValueError when closed
                     files[id(f)] = f
-                r = _resolve(rt, buf, size, buf_offset, opcode == OP_READ, f.path, file_offset, what, cache,
-                             stream=explicit)
+                r = _resolve(
+                    rt, buf, size, buf_offset, opcode == OP_READ, f.path, file_offset, what, cache, stream=explicit
+                )
                 file_offset = r.foff
                 if mode == 2 and r.mem == _buffers.MEM_DEVICE:
                     r.release()

@@ -24,8 +24,20 @@ class IOFuture:
     a future dropped before it completes waits for it. Any thread may wait on it.
     """
 
-    __slots__ = ("_req", "_engine", "_buf", "_file", "_what", "_offset", "_size", "_value", "_error", "_done",
-                 "_lock", "__weakref__")
+    __slots__ = (
+        "_req",
+        "_engine",
+        "_buf",
+        "_file",
+        "_what",
+        "_offset",
+        "_size",
+        "_value",
+        "_error",
+        "_done",
+        "_lock",
+        "__weakref__",
+    )
 
     def __init__(self, req, engine, buf, file, what, offset, size, error=None):
         self._req = req  # the C handle: released only by __del__, so that waits never race it
@@ -64,8 +76,11 @@ class IOFuture:
             if res < 0:
                 off, length = ctypes.c_int64(self._offset), ctypes.c_uint64(self._size)
                 _lib.phx_req_error_extent(req, ctypes.byref(off), ctypes.byref(length))
-                where = "" if (off.value, length.value) == (self._offset, self._size) else \
-                    f"; failed chunk at offset {off.value}, length {length.value}"
+                where = (
+                    ""
+                    if (off.value, length.value) == (self._offset, self._size)
+                    else f"; failed chunk at offset {off.value}, length {length.value}"
+                )
                 self._error = file_error(-res, self._file, self._offset, self._size, f"{self._what}{where}")
             else:
                 self._value = res
@@ -121,8 +136,19 @@ class StreamIO:
     :attr:`bytes_done` is the byte count or a negative errno (cuFile's ``bytes_read``).
     """
 
-    __slots__ = ("_sop", "_engine", "_buf", "_file", "_what", "_offset", "_size", "_value", "_done", "_lock",
-                 "__weakref__")
+    __slots__ = (
+        "_sop",
+        "_engine",
+        "_buf",
+        "_file",
+        "_what",
+        "_offset",
+        "_size",
+        "_value",
+        "_done",
+        "_lock",
+        "__weakref__",
+    )
 
     def __init__(self, sop, engine, buf, file, what, offset, size):
         self._sop = sop  # the C handle: released only by __del__
@@ -203,6 +229,6 @@ def _prune_stream_ops(wait: bool = False) -> None:
     with _stream_lock:
         ops = list(_stream_ops)
     for op in ops:
-        if (op.wait() if wait else op.done()):
+        if op.wait() if wait else op.done():
             with _stream_lock:
                 _stream_ops.discard(op)

@@ -46,8 +46,10 @@ def sizes() -> dict:
     mib = 1 << 20
     why = f"bounce pool {sz.bounce_pool / mib:g} MiB, chunk {sz.chunk / mib:g} MiB"
     if sz.staged_chunk < sz.chunk:
-        why += (f"; staged chunks {sz.staged_chunk / mib:g} MiB (two must fit the pool: raise "
-                "PHX_BOUNCE_POOL_SIZE for staged chunks of the full chunk size)")
+        why += (
+            f"; staged chunks {sz.staged_chunk / mib:g} MiB (two must fit the pool: raise "
+            "PHX_BOUNCE_POOL_SIZE for staged chunks of the full chunk size)"
+        )
     out["why"] = why
     return out
 
@@ -98,19 +100,30 @@ def capabilities(path=None) -> dict:
                 cache_rc = _lib.phx_cache_probe_works(f._h)
         finally:
             os.unlink(probe)
-        out["o_direct"] = {"path": directory, "available": fi["direct"], "why": fi["why"],
-                           "offset_align": fi["dio_offset_align"], "mem_align": fi["dio_mem_align"]}
+        out["o_direct"] = {
+            "path": directory,
+            "available": fi["direct"],
+            "why": fi["why"],
+            "offset_align": fi["dio_offset_align"],
+            "mem_align": fi["dio_mem_align"],
+        }
         out["page_cache_probe"] = {
             "available": cache_rc == 0,
             "why": "cachestat(2) works: direct=None reads ranges already in the page cache buffered"
-            if cache_rc == 0 else f"cachestat(2) unavailable ({_strerror(cache_rc)}; Linux 6.5+): O_DIRECT reads "
-                                  "go to the disk even for cached data",
+            if cache_rc == 0
+            else f"cachestat(2) unavailable ({_strerror(cache_rc)}; Linux 6.5+): O_DIRECT reads "
+            "go to the disk even for cached data",
         }
     except OSError as exc:
         out["o_direct"] = {"path": directory, "available": False, "why": f"cannot probe: {exc}"}
     rt = _runtime()
-    modes = {"host": {"available": True, "why": "host memory (plain, pinned or registered) is read and written in "
-                                                  "place: O_DIRECT for the aligned body, buffered for unaligned ends"}}
+    modes = {
+        "host": {
+            "available": True,
+            "why": "host memory (plain, pinned or registered) is read and written in "
+            "place: O_DIRECT for the aligned body, buffered for unaligned ends",
+        }
+    }
     if rt is None:
         out["vendor"] = None
         modes["direct"] = {"available": False, "why": "no vendor runtime selected"}
@@ -124,14 +137,23 @@ def capabilities(path=None) -> dict:
             missing = dp.missing()
         except Exception as exc:
             missing = [f"data_path() failed: {exc}"]
-        out["vendor"] = {"name": rt.name, "test_double": bool(getattr(rt, "is_test_double", False)),
-                         "data_path": "complete" if not missing else f"missing: {', '.join(missing)}"}
-        modes["staged"] = {"available": not missing,
-                           "why": "pinned bounce buffers + the vendor's memcpy_async on per-worker streams"
-                           if not missing else f"the vendor's data path lacks {', '.join(missing)}"}
-        out["stream_ordered"] = {"available": not missing,
-                                 "why": "host callbacks (launch_host_func) run the file I/O in stream order, in every "
-                                        "mode" if not missing else "needs the vendor's launch_host_func"}
+        out["vendor"] = {
+            "name": rt.name,
+            "test_double": bool(getattr(rt, "is_test_double", False)),
+            "data_path": "complete" if not missing else f"missing: {', '.join(missing)}",
+        }
+        modes["staged"] = {
+            "available": not missing,
+            "why": "pinned bounce buffers + the vendor's memcpy_async on per-worker streams"
+            if not missing
+            else f"the vendor's data path lacks {', '.join(missing)}",
+        }
+        out["stream_ordered"] = {
+            "available": not missing,
+            "why": "host callbacks (launch_host_func) run the file I/O in stream order, in every mode"
+            if not missing
+            else "needs the vendor's launch_host_func",
+        }
         if missing:
             out["caller_stream"] = {"by": "none", "why": "no data path: device memory cannot be used"}
         else:
@@ -156,11 +178,14 @@ def capabilities(path=None) -> dict:
         idle = f"{fm['idle']:g} s unread (PHX_FMAP_IDLE)" if fm["idle"] > 0 else "never when idle (PHX_FMAP_IDLE=0)"
         modes["zero_copy_file_mappings"] = {
             "available": on,
-            "why": (f"warm reads into device memory: page-cache ranges mmap'd and host-registered (pinned) in "
-                    f"{_mib(fm['window'])} windows (flags {fm['register_flags']:#x}), at most {_mib(fm['budget'])} "
-                    f"pinned (PHX_FMAP_CACHE), one DMA per read; released after {idle} and all under memory "
-                    f"pressure ({fm['pressure']}); mode {fm['mode']}, PHX_FMAP_MODE=off turns it off")
-            if on else fm["why"],
+            "why": (
+                f"warm reads into device memory: page-cache ranges mmap'd and host-registered (pinned) in "
+                f"{_mib(fm['window'])} windows (flags {fm['register_flags']:#x}), at most {_mib(fm['budget'])} "
+                f"pinned (PHX_FMAP_CACHE), one DMA per read; released after {idle} and all under memory "
+                f"pressure ({fm['pressure']}); mode {fm['mode']}, PHX_FMAP_MODE=off turns it off"
+            )
+            if on
+            else fm["why"],
             "state": {k: v for k, v in fm.items() if k not in ("idle_ns", "pressure")},
         }
     out["modes"] = modes

@@ -157,12 +157,15 @@ def _from_interface(obj, iface: dict, kind: str | None, source: str, writable: b
     ptr, readonly = iface["data"]
     if writable and readonly:
         raise TypeError(f"{type(obj).__name__}: read-only array cannot be read into")
-    nbytes = _contiguous_nbytes(iface["shape"], iface.get("strides"), _itemsize(obj, iface["typestr"]),
-                                type(obj).__name__)
+    nbytes = _contiguous_nbytes(
+        iface["shape"], iface.get("strides"), _itemsize(obj, iface["typestr"]), type(obj).__name__
+    )
     own = getattr(obj, "nbytes", None)
     if isinstance(own, int) and not isinstance(own, bool) and own != nbytes:
-        raise TypeError(f"{type(obj).__name__}: its interface describes {nbytes} bytes but the object says "
-                        f"nbytes={own}: refusing an extent that may not be the array")
+        raise TypeError(
+            f"{type(obj).__name__}: its interface describes {nbytes} bytes but the object says "
+            f"nbytes={own}: refusing an extent that may not be the array"
+        )
     stream = None
     if source == "cuda_array_interface":
         stream = _cupy_stream(obj)
@@ -256,8 +259,16 @@ def _from_dlpack(obj, writable: bool, stream: int | None = None) -> Buffer:
     nbytes = _contiguous_nbytes(shape, strides, itemsize, type(obj).__name__)
     host = t.device.device_type in _DL_HOST_TYPES
     addr = (t.data or 0) + t.byte_offset
-    return Buffer(addr, nbytes, "host" if host else "device", None if host else t.device.device_id, False, "dlpack",
-                  [obj, capsule], stream=None if host else (stream if stream is not None else 0))
+    return Buffer(
+        addr,
+        nbytes,
+        "host" if host else "device",
+        None if host else t.device.device_id,
+        False,
+        "dlpack",
+        [obj, capsule],
+        stream=None if host else (stream if stream is not None else 0),
+    )
 
 
 def _dlpack_on_device(obj) -> bool:
@@ -336,7 +347,9 @@ def classify(runtime, addr: int, size: int, kind: str | None = None, device: int
             raise TypeError(f"{addr:#x} is not memory of vendor {runtime.name!r} (freed, or another runtime's)")
         return MEM_HOST, 0, f"{info.type.value} memory"
     if info.size and addr + size > info.base + info.size:
-        raise OutOfBounds(f"its device allocation [{info.base:#x}, +{info.size}) holds {info.size} bytes; the request "
-                          f"needs {size} from {addr - info.base} bytes into it")
+        raise OutOfBounds(
+            f"its device allocation [{info.base:#x}, +{info.size}) holds {info.size} bytes; the request "
+            f"needs {size} from {addr - info.base} bytes into it"
+        )
     ok, why = runtime.direct_capable(addr, size)
     return (MEM_DEVICE_MAPPED if ok else MEM_DEVICE), int(info.device or 0), why

@@ -46,11 +46,13 @@ def extent(size, file_offset, buf_offset, path, what: str) -> tuple[int | None, 
     shown = 0 if n is None else n
     for value, name in ((foff, "file_offset"), (boff, "buf_offset"), (n, "size")):
         if value is not None and not 0 <= value <= I64_MAX:
-            raise ArgumentError(_errno.EINVAL, path, foff, shown, what,
-                                reason=f"{name}={value} is out of range (0 to 2**63-1)")
+            raise ArgumentError(
+                _errno.EINVAL, path, foff, shown, what, reason=f"{name}={value} is out of range (0 to 2**63-1)"
+            )
     if n is not None and foff + n > I64_MAX:
-        raise ArgumentError(_errno.EINVAL, path, foff, n, what,
-                            reason="the extent ends past 2**63-1, the largest file offset")
+        raise ArgumentError(
+            _errno.EINVAL, path, foff, n, what, reason="the extent ends past 2**63-1, the largest file offset"
+        )
     return n, foff, boff
 
 
@@ -65,8 +67,10 @@ def extent_arrays(file_offsets, sizes, buf_offsets, path, what: str):
         if a.size == 0:
             a = a.astype(np.int64)  # [] is float64 to NumPy
         if a.dtype.kind not in "iu" or a.ndim > 1:
-            raise TypeError(f"{what}: {name} must be integers from 0 to 2**63-1 (a sequence or a 1-D integer array), "
-                            f"got {a.dtype} {a.shape}")
+            raise TypeError(
+                f"{what}: {name} must be integers from 0 to 2**63-1 (a sequence or a 1-D integer array), "
+                f"got {a.dtype} {a.shape}"
+            )
         if a.dtype.kind == "u" and a.size and int(a.max()) > I64_MAX:
             raise ArgumentError(_errno.EINVAL, path, what=what, reason=f"{name} holds a value past 2**63-1")
         return a.astype(np.int64, copy=False)
@@ -89,13 +93,20 @@ def extent_arrays(file_offsets, sizes, buf_offsets, path, what: str):
         neg = np.flatnonzero(a < 0)
         if neg.size:
             k = int(neg[0])
-            raise ArgumentError(_errno.EINVAL, path, int(fo[k]), int(sz[k]), f"{what}: extent {k}",
-                                reason=f"negative {name}")
+            raise ArgumentError(
+                _errno.EINVAL, path, int(fo[k]), int(sz[k]), f"{what}: extent {k}", reason=f"negative {name}"
+            )
     past = np.flatnonzero(fo > I64_MAX - sz)  # (no int64 overflow: both are >= 0)
     if past.size:
         k = int(past[0])
-        raise ArgumentError(_errno.EINVAL, path, int(fo[k]), int(sz[k]), f"{what}: extent {k}",
-                            reason="the extent ends past 2**63-1, the largest file offset")
+        raise ArgumentError(
+            _errno.EINVAL,
+            path,
+            int(fo[k]),
+            int(sz[k]),
+            f"{what}: extent {k}",
+            reason="the extent ends past 2**63-1, the largest file offset",
+        )
     return fo, sz, bo
 
 
@@ -107,8 +118,10 @@ def raw_buffer(ptr, nbytes) -> tuple[int, int]:
     if not 0 < p <= U64_MAX:
         raise ValueError(f"raw buffer (ptr={p:#x}, nbytes={n}): the address must be non-NULL and fit 64 bits")
     if not 0 <= n <= I64_MAX or p + n > U64_MAX + 1:
-        raise ValueError(f"raw buffer (ptr={p:#x}, nbytes={n}): the size must be 0 to 2**63-1 and the extent "
-                         "must not run past the top of the address space")
+        raise ValueError(
+            f"raw buffer (ptr={p:#x}, nbytes={n}): the size must be 0 to 2**63-1 and the extent "
+            "must not run past the top of the address space"
+        )
     return p, n
 
 

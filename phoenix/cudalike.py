@@ -80,8 +80,12 @@ INVALID_MEMCPY_DIRECTION = 21
 #: ``cudaErrorInvalidResourceHandle``
 INVALID_RESOURCE_HANDLE = 400
 #: (source is device memory, destination is device memory) of each copy kind
-_DEVICE_SIDES = {CopyKind.HOST_TO_HOST: (False, False), CopyKind.HOST_TO_DEVICE: (False, True),
-                 CopyKind.DEVICE_TO_HOST: (True, False), CopyKind.DEVICE_TO_DEVICE: (True, True)}
+_DEVICE_SIDES = {
+    CopyKind.HOST_TO_HOST: (False, False),
+    CopyKind.HOST_TO_DEVICE: (False, True),
+    CopyKind.DEVICE_TO_HOST: (True, False),
+    CopyKind.DEVICE_TO_DEVICE: (True, True),
+}
 
 #: the pointer-attribute shapes CUDA-shaped runtimes have had: the memory-type field(s),
 #: then device, devicePointer, hostPointer. ``type`` is CUDA >= 11 (and HIP >= 6); the
@@ -196,7 +200,12 @@ class CudaLikeRuntime(VendorRuntime):
     #: ``PHX_<NAME>_POINTER_ATTRIBUTES=type|memoryType|both`` forces a layout either way.
     calibrate_pointer_layout: bool = False
     #: copy-kind values of the runtime (CUDA's unless a runtime differs)
-    copy_kinds = {CopyKind.HOST_TO_HOST: 0, CopyKind.HOST_TO_DEVICE: 1, CopyKind.DEVICE_TO_HOST: 2, CopyKind.DEVICE_TO_DEVICE: 3}
+    copy_kinds = {
+        CopyKind.HOST_TO_HOST: 0,
+        CopyKind.HOST_TO_DEVICE: 1,
+        CopyKind.DEVICE_TO_HOST: 2,
+        CopyKind.DEVICE_TO_DEVICE: 3,
+    }
     #: streams do not wait for the default stream (cudaStreamNonBlocking)
     stream_flags = 1
     #: flags of host registration (cudaHostRegisterPortable: usable from every device)
@@ -235,8 +244,10 @@ class CudaLikeRuntime(VendorRuntime):
         self.emulated = probe.details.get("emulated")
         if self.emulated:  # the instance says so wherever it is reported (phx info, reports)
             self.is_test_double = True
-            self.runtime_description = (f"{EMULATED_LABEL}: {self.library_names[0] if self.library_names else 'runtime'}"
-                                        f" stand-in at {self.rt.library}, not {self._title()}")
+            self.runtime_description = (
+                f"{EMULATED_LABEL}: {self.library_names[0] if self.library_names else 'runtime'}"
+                f" stand-in at {self.rt.library}, not {self._title()}"
+            )
 
     # -- finding the library -------------------------------------------------------
 
@@ -265,11 +276,18 @@ class CudaLikeRuntime(VendorRuntime):
         places = [(what, [path], False) for what, path in cls.extra_library_places()]
         for var in cls.library_roots:
             root = os.environ.get(var)
-            places += [(f"${var}/{d}", [os.path.join(root, d, n) for n in cls.library_names] if root else None, True)
-                       for d in cls.library_dirs]
+            places += [
+                (f"${var}/{d}", [os.path.join(root, d, n) for n in cls.library_names] if root else None, True)
+                for d in cls.library_dirs
+            ]
         for d in cls.library_dirs if cls.default_root else ():
-            places.append((os.path.join(cls.default_root, d),
-                           [os.path.join(cls.default_root, d, n) for n in cls.library_names], False))
+            places.append(
+                (
+                    os.path.join(cls.default_root, d),
+                    [os.path.join(cls.default_root, d, n) for n in cls.library_names],
+                    False,
+                )
+            )
         places.append(("the loader's path (LD_LIBRARY_PATH, ld.so.cache)", list(cls.library_names), False))
         return places
 
@@ -296,8 +314,9 @@ class CudaLikeRuntime(VendorRuntime):
                     path = _loaded_path(handle, f"{cls.prefix}GetDeviceCount") or path
                 info = test_double_info(handle, cls.prefix)
                 if info and not explicit:
-                    looked.append(f"{what}: {path} (a test double: used only through ${cls.library_env()} "
-                                  "or a root variable)")
+                    looked.append(
+                        f"{what}: {path} (a test double: used only through ${cls.library_env()} or a root variable)"
+                    )
                     continue
                 looked.append(f"{what}: {path} (found)")
                 return path, handle, looked, info
@@ -338,14 +357,22 @@ class CudaLikeRuntime(VendorRuntime):
         path, handle, looked, emulated = cls.find_runtime()
         details: dict = {"looked": looked}
         if handle is None:
-            root = f"set {cls.library_roots[0]} to it (or {cls.library_env()} to the library file)" \
-                if cls.library_roots else f"set {cls.library_env()} to the library file"
+            root = (
+                f"set {cls.library_roots[0]} to it (or {cls.library_env()} to the library file)"
+                if cls.library_roots
+                else f"set {cls.library_env()} to the library file"
+            )
             name = cls.library_names[0] if cls.library_names else f"the {title} runtime"
-            return Probe(False, f"{name} not found; looked in: " + "; ".join(looked) + f". Install {title} or {root}",
-                         details)
-        details.update(library=path, root=_root_of(path), emulated=emulated,
-                       runtime_version=_version(handle, f"{P}RuntimeGetVersion"),
-                       driver_version=_version(handle, f"{P}DriverGetVersion"))
+            return Probe(
+                False, f"{name} not found; looked in: " + "; ".join(looked) + f". Install {title} or {root}", details
+            )
+        details.update(
+            library=path,
+            root=_root_of(path),
+            emulated=emulated,
+            runtime_version=_version(handle, f"{P}RuntimeGetVersion"),
+            driver_version=_version(handle, f"{P}DriverGetVersion"),
+        )
         count_fn = getattr(handle, f"{P}GetDeviceCount", None)
         if count_fn is None:
             return Probe(False, f"{path} has no {P}GetDeviceCount: not the {title} runtime library", details)
@@ -356,14 +383,23 @@ class CudaLikeRuntime(VendorRuntime):
         rc = count_fn(ctypes.byref(count))
         details["devices"] = count.value
         if rc != 0 or count.value <= 0:
-            return Probe(False, f"{path} finds no {title} device ({P}GetDeviceCount returned {rc}, count "
-                                f"{count.value}): is the driver loaded, and are its device nodes accessible?", details)
+            return Probe(
+                False,
+                f"{path} finds no {title} device ({P}GetDeviceCount returned {rc}, count "
+                f"{count.value}): is the driver loaded, and are its device nodes accessible?",
+                details,
+            )
         note = f", {details['note']}" if details.get("note") else ""
         if emulated:
-            return Probe(True, f"{EMULATED_LABEL} at {path}: {count.value} device(s){note}; not {title} ({emulated})",
-                         details)
-        return Probe(True, f"{count.value} device(s), {title} runtime {details['runtime_version']}, driver "
-                           f"{details['driver_version']}{note} ({path})", details)
+            return Probe(
+                True, f"{EMULATED_LABEL} at {path}: {count.value} device(s){note}; not {title} ({emulated})", details
+            )
+        return Probe(
+            True,
+            f"{count.value} device(s), {title} runtime {details['runtime_version']}, driver "
+            f"{details['driver_version']}{note} ({path})",
+            details,
+        )
 
     @classmethod
     def _check_driver(cls, handle: ctypes.CDLL, details: dict) -> str | None:
@@ -373,8 +409,9 @@ class CudaLikeRuntime(VendorRuntime):
             return None
         emulated = details["emulated"]
         if emulated and not hasattr(handle, f"{dp}Init"):
-            details.update(driver=None, note="WITHOUT a driver API: device names from the runtime, allocation "
-                                             "ranges unknown")
+            details.update(
+                driver=None, note="WITHOUT a driver API: device names from the runtime, allocation ranges unknown"
+            )
             return None
         driver = details["library"] if emulated else cls.driver_library
         try:
@@ -416,10 +453,18 @@ class CudaLikeRuntime(VendorRuntime):
         if cls.device_name_call:
             rows.append(Proto(f"{P}{cls.device_name_call}", _i, [ctypes.c_char_p, _i, _i], pyname="device_name_call"))
         if cls.device_memory_call:
-            rows.append(Proto(f"{P}{cls.device_memory_call}", _i, [ctypes.POINTER(sz), _i], pyname="device_memory_call"))
+            rows.append(
+                Proto(f"{P}{cls.device_memory_call}", _i, [ctypes.POINTER(sz), _i], pyname="device_memory_call")
+            )
         if cls.address_range_call:
-            rows.append(Proto(f"{P}{cls.address_range_call}", _i, [ctypes.POINTER(vp), ctypes.POINTER(sz), vp],
-                              pyname="address_range_call"))
+            rows.append(
+                Proto(
+                    f"{P}{cls.address_range_call}",
+                    _i,
+                    [ctypes.POINTER(vp), ctypes.POINTER(sz), vp],
+                    pyname="address_range_call",
+                )
+            )
         return rows
 
     @classmethod
@@ -434,16 +479,25 @@ class CudaLikeRuntime(VendorRuntime):
         """Load the runtime library through the shim generator: locally for a test double."""
         P = self.prefix
         mode = ctypes.RTLD_LOCAL if self.probe().details.get("emulated") else ctypes.RTLD_GLOBAL
-        return load_shim(self.name, self.library_path(), cuda_shaped_protos(P) + list(self.extra_protos()),
-                         prefix=P, error_name=f"{P}GetErrorName", error_string=f"{P}GetErrorString", mode=mode)
+        return load_shim(
+            self.name,
+            self.library_path(),
+            cuda_shaped_protos(P) + list(self.extra_protos()),
+            prefix=P,
+            error_name=f"{P}GetErrorName",
+            error_string=f"{P}GetErrorString",
+            mode=mode,
+        )
 
     # -- what differs between runtimes -----------------------------------------------
 
     def device_name(self, ordinal: int) -> str:
         """The declared name call, else ``GetDeviceProperties``' ``name`` (offset 0 in every runtime)."""
         buf = ctypes.create_string_buffer(_PROPS_BYTES if not self.device_name_call else 256)
-        if self._drv is not None and getattr(self._drv, f"{self.emulated_driver_prefix}DeviceGetName")(
-                buf, 256, ordinal) == 0:
+        if (
+            self._drv is not None
+            and getattr(self._drv, f"{self.emulated_driver_prefix}DeviceGetName")(buf, 256, ordinal) == 0
+        ):
             return buf.value.decode(errors="replace")
         if self.device_name_call:
             self.rt.device_name_call(buf, 256, ordinal)
@@ -595,24 +649,32 @@ class CudaLikeRuntime(VendorRuntime):
         """
         if size <= 0:
             return
-        sides = [(ptr, want, self.pointer_info(ptr))
-                 for ptr, want in zip((src, dst), _DEVICE_SIDES[CopyKind(kind)], strict=True)]
+        sides = [
+            (ptr, want, self.pointer_info(ptr))
+            for ptr, want in zip((src, dst), _DEVICE_SIDES[CopyKind(kind)], strict=True)
+        ]
         for _, want_device, info in sides:
             if (info.type is MemoryType.DEVICE) != want_device and info.type is not MemoryType.HOST:
                 self.rt.raise_for(f"{self.prefix}{call}", self.invalid_memcpy_direction)
         for ptr, want_device, info in sides:
-            if want_device and (info.type is not MemoryType.DEVICE or
-                                info.size and ptr + size > info.base + info.size):
+            if want_device and (info.type is not MemoryType.DEVICE or info.size and ptr + size > info.base + info.size):
                 self.rt.raise_for(f"{self.prefix}{call}", self.invalid_value)
 
     def memcpy(self, dst: int, src: int, size: int, kind: CopyKind) -> None:
         self._check_copy("Memcpy", dst, src, size, kind)
-        self.rt.memcpy(ctypes.c_void_p(dst), ctypes.c_void_p(src), ctypes.c_size_t(size), self.copy_kinds[CopyKind(kind)])
+        self.rt.memcpy(
+            ctypes.c_void_p(dst), ctypes.c_void_p(src), ctypes.c_size_t(size), self.copy_kinds[CopyKind(kind)]
+        )
 
     def memcpy_async(self, dst: int, src: int, size: int, kind: CopyKind, stream: int) -> None:
         self._check_copy("MemcpyAsync", dst, src, size, kind)
-        self.rt.memcpy_async(ctypes.c_void_p(dst), ctypes.c_void_p(src), ctypes.c_size_t(size),
-                             self.copy_kinds[CopyKind(kind)], self._live_stream("MemcpyAsync", stream))
+        self.rt.memcpy_async(
+            ctypes.c_void_p(dst),
+            ctypes.c_void_p(src),
+            ctypes.c_size_t(size),
+            self.copy_kinds[CopyKind(kind)],
+            self._live_stream("MemcpyAsync", stream),
+        )
 
     # -- streams -----------------------------------------------------------------
 
@@ -691,8 +753,11 @@ class CudaLikeRuntime(VendorRuntime):
             elif self.calibrate_pointer_layout:
                 self._calibrate()
             else:
-                self.pointer_layout = {"layout": "declared", "field": self._type_field,
-                                       "source": f"{type(self).__name__}.pointer_attributes_type"}
+                self.pointer_layout = {
+                    "layout": "declared",
+                    "field": self._type_field,
+                    "source": f"{type(self).__name__}.pointer_attributes_type",
+                }
 
     def _calibrate(self) -> None:
         """Measure the layout: query one device and one pinned allocation, read the answers.
@@ -733,8 +798,9 @@ class CudaLikeRuntime(VendorRuntime):
                     if dev_type == host_type:
                         break
                     # one name or the other at offset 0 reads the same; call it `type`
-                    self._use_layout(POINTER_LAYOUTS[name], {dev_type: MEM_DEVICE, host_type: MEM_HOST},
-                                     "measured at run time", name)
+                    self._use_layout(
+                        POINTER_LAYOUTS[name], {dev_type: MEM_DEVICE, host_type: MEM_HOST}, "measured at run time", name
+                    )
                     return
         self._use_layout(POINTER_LAYOUTS["type"], CUDA_MEMORY_TYPES, fallback, "type")
 
@@ -768,9 +834,14 @@ class CudaLikeRuntime(VendorRuntime):
 
     def _event_entries(self) -> dict:
         P, h = self.prefix, self.rt.handle
-        names = {"get_device": f"{P}GetDevice", "event_create": f"{P}EventCreateWithFlags",
-                 "event_record": f"{P}EventRecord", "stream_wait_event": f"{P}StreamWaitEvent",
-                 "event_synchronize": f"{P}EventSynchronize", "event_destroy": f"{P}EventDestroy"}
+        names = {
+            "get_device": f"{P}GetDevice",
+            "event_create": f"{P}EventCreateWithFlags",
+            "event_record": f"{P}EventRecord",
+            "stream_wait_event": f"{P}StreamWaitEvent",
+            "event_synchronize": f"{P}EventSynchronize",
+            "event_destroy": f"{P}EventDestroy",
+        }
         if not all(hasattr(h, sym) for sym in names.values()):
             return {}
         return {"event_flags": self.event_flags, **{field: self.rt.address(sym) for field, sym in names.items()}}

@@ -117,8 +117,16 @@ def cache_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"phoenix-emulators-{os.getuid()}")
 
 
-def build(prefix: str, library_name: str, *, pointer_layout: str = "type", driver_prefix: str | None = None,
-          version: int | None = None, cache: str | None = None, cc: str | None = None) -> Emulator:
+def build(
+    prefix: str,
+    library_name: str,
+    *,
+    pointer_layout: str = "type",
+    driver_prefix: str | None = None,
+    version: int | None = None,
+    cache: str | None = None,
+    cc: str | None = None,
+) -> Emulator:
     """Build (or reuse) the emulator with symbol ``prefix`` as ``library_name``; return it.
 
     ``pointer_layout`` picks the pointer-attribute struct (``type``: CUDA >= 11;
@@ -142,12 +150,20 @@ def build(prefix: str, library_name: str, *, pointer_layout: str = "type", drive
     if not os.path.exists(src):
         raise EmulatorError(f"the emulator's source {src} is missing from this installation")
 
-    flags = ["-shared", "-fPIC", "-O2", "-std=gnu11", "-pthread", "-Wall",
-             # calls inside the emulator bind to itself, never to a same-named real runtime
-             # already loaded into the process with RTLD_GLOBAL (torch's libcudart, say)
-             "-Wl,-Bsymbolic",
-             "-DPHXRT_EMULATOR", f"-DPHXRT_PREFIX={prefix}",
-             f"-DPHXRT_POINTER_ATTRIBUTES={POINTER_LAYOUTS[pointer_layout]}"]
+    flags = [
+        "-shared",
+        "-fPIC",
+        "-O2",
+        "-std=gnu11",
+        "-pthread",
+        "-Wall",
+        # calls inside the emulator bind to itself, never to a same-named real runtime
+        # already loaded into the process with RTLD_GLOBAL (torch's libcudart, say)
+        "-Wl,-Bsymbolic",
+        "-DPHXRT_EMULATOR",
+        f"-DPHXRT_PREFIX={prefix}",
+        f"-DPHXRT_POINTER_ATTRIBUTES={POINTER_LAYOUTS[pointer_layout]}",
+    ]
     if driver_prefix:
         flags.append(f"-DPHXRT_DRIVER_PREFIX={driver_prefix}")
     if version is not None:
@@ -173,13 +189,17 @@ def build(prefix: str, library_name: str, *, pointer_layout: str = "type", drive
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise EmulatorError(f"building the {LABEL} {library_name} failed ({' '.join(cmd)}):\n"
-                                f"{(proc.stderr or proc.stdout).strip()[-3000:]}")
+            raise EmulatorError(
+                f"building the {LABEL} {library_name} failed ({' '.join(cmd)}):\n"
+                f"{(proc.stderr or proc.stdout).strip()[-3000:]}"
+            )
         with open(os.path.join(root, MARKER_FILE), "w") as fh:
-            fh.write(f"{LABEL}\n\nNot a vendor runtime. {library_name} here is phoenix's host runtime\n"
-                     f"({', '.join(os.path.basename(p) for p in sources)} in {os.path.dirname(src)})\n"
-                     f"built with symbol prefix {prefix!r}: device memory is host memory.\n\n"
-                     f"build: {' '.join(cmd[:-1])} {library}\n")
+            fh.write(
+                f"{LABEL}\n\nNot a vendor runtime. {library_name} here is phoenix's host runtime\n"
+                f"({', '.join(os.path.basename(p) for p in sources)} in {os.path.dirname(src)})\n"
+                f"built with symbol prefix {prefix!r}: device memory is host memory.\n\n"
+                f"build: {' '.join(cmd[:-1])} {library}\n"
+            )
         os.chmod(tmp, 0o755)  # mkstemp's 0600 would hide it from other users of a shared cache
         os.replace(tmp, library)
     finally:
@@ -213,19 +233,23 @@ def vendor_spec(cls) -> dict:
     """
     name = cls.name or cls.__name__
     if cls.is_test_double:
-        raise EmulatorError(f"vendor {name!r} is itself a test double; --emulated emulates the runtime "
-                            "library of a real vendor's port")
+        raise EmulatorError(
+            f"vendor {name!r} is itself a test double; --emulated emulates the runtime library of a real vendor's port"
+        )
     prefix = cls.prefix
     names = list(cls.library_names)
     library = names[0] if names else None
     if not isinstance(prefix, str) or not prefix:
-        raise EmulatorError(f"vendor {name!r} does not bind a CUDA-shaped runtime (its Runtime class has "
-                            "no symbol `prefix`), so there is no emulator for it")
+        raise EmulatorError(
+            f"vendor {name!r} does not bind a CUDA-shaped runtime (its Runtime class has "
+            "no symbol `prefix`), so there is no emulator for it"
+        )
     if not library:
-        raise EmulatorError(f"vendor {name!r} does not name its runtime library: set `library_names = "
-                            f"(\"lib....so\",)` on its Runtime class")
-    return {"prefix": prefix, "library_name": os.path.basename(library),
-            "driver_prefix": cls.emulated_driver_prefix}
+        raise EmulatorError(
+            f"vendor {name!r} does not name its runtime library: set `library_names = "
+            f'("lib....so",)` on its Runtime class'
+        )
+    return {"prefix": prefix, "library_name": os.path.basename(library), "driver_prefix": cls.emulated_driver_prefix}
 
 
 def vendor_env(cls, emu: Emulator) -> dict[str, str | None]:
@@ -252,8 +276,9 @@ def apply_env(env: dict, changes: dict[str, str | None]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m phoenix.emulator",
-                                     description=f"Build a CUDA-shaped {LABEL} and print its path.")
+    parser = argparse.ArgumentParser(
+        prog="python -m phoenix.emulator", description=f"Build a CUDA-shaped {LABEL} and print its path."
+    )
     parser.add_argument("--vendor", help="build what this vendor's Runtime class asks for, and print its environment")
     parser.add_argument("--prefix", help="symbol prefix (mc, cuda, hip, ...)")
     parser.add_argument("--library", help="library file name (libmcruntime.so, libcudart.so, ...)")

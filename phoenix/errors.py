@@ -95,8 +95,16 @@ class PhxIOError(PhxError, OSError):
 
     _classes: dict[tuple[type, type], type] = {}
 
-    def __new__(cls, err: int, path: str | None = None, offset: int | None = None, length: int | None = None,
-                what: str = "", *, reason: str | None = None):
+    def __new__(
+        cls,
+        err: int,
+        path: str | None = None,
+        offset: int | None = None,
+        length: int | None = None,
+        what: str = "",
+        *,
+        reason: str | None = None,
+    ):
         err = int(err)
         if offset is not None and length is not None and not offset and not length:
             offset = length = None  # (0, 0): no extent (the callers of old)
@@ -124,8 +132,11 @@ class PhxIOError(PhxError, OSError):
 
     def __reduce__(self):
         base = next(c for c in type(self).__mro__ if not c.__dict__.get("_phx_dynamic"))
-        return (_rebuild, (base, self.errno, self.path, self.offset, self.length, self.what, self.reason),
-                dict(self.__dict__))
+        return (
+            _rebuild,
+            (base, self.errno, self.path, self.offset, self.length, self.what, self.reason),
+            dict(self.__dict__),
+        )
 
 
 def _message(path, offset, length, what: str, reason: str) -> str:
@@ -147,9 +158,16 @@ def _errno_class(cls: type, err: int) -> type:
     klass = PhxIOError._classes.get(key)
     if klass is None:
         name = f"Phx{builtin.__name__}" if cls is PhxIOError else f"{cls.__name__}_{builtin.__name__}"
-        klass = type(cls)(name, (cls, builtin), {"__module__": cls.__module__, "__qualname__": name,
-                                                 "__doc__": f"{cls.__name__} that is a {builtin.__name__}.",
-                                                 "_phx_dynamic": True})
+        klass = type(cls)(
+            name,
+            (cls, builtin),
+            {
+                "__module__": cls.__module__,
+                "__qualname__": name,
+                "__doc__": f"{cls.__name__} that is a {builtin.__name__}.",
+                "_phx_dynamic": True,
+            },
+        )
         klass = PhxIOError._classes.setdefault(key, klass)
     return klass
 
@@ -181,13 +199,17 @@ def file_error(err: int, file, offset, length, what: str) -> PhxIOError:
         fd = getattr(file, "_fd", None)
         write = _writes(what)
         if fd is not None:
-            reason = (f"descriptor {fd} is not open for {'writing' if write else 'reading'} (Bad file descriptor); "
-                      f"open it with O_RDWR or {'O_WRONLY' if write else 'O_RDONLY'}")
+            reason = (
+                f"descriptor {fd} is not open for {'writing' if write else 'reading'} (Bad file descriptor); "
+                f"open it with O_RDWR or {'O_WRONLY' if write else 'O_RDONLY'}"
+            )
         elif isinstance(mode, str):
             readable, writable = _opened_for(mode)
             if write and not writable:
-                reason = (f"the file is opened read-only ({mode!r}); open it with 'r+', 'w' or 'a' to write "
-                          "('w' empties it first)")
+                reason = (
+                    f"the file is opened read-only ({mode!r}); open it with 'r+', 'w' or 'a' to write "
+                    "('w' empties it first)"
+                )
             elif not write and not readable:
                 reason = f"the file is opened write-only ({mode!r}); open it with 'r' or 'r+' to read"
     return PhxIOError(err, path, offset, length, what, reason=reason)

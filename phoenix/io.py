@@ -80,15 +80,36 @@ from ._pagecache import fmap_clear, fmap_info, fmap_wait
 from .errors import PhxIOError
 
 __all__ = [
-    "PhxFile", "IOFuture", "StreamIO", "IORequest", "open", "batch", "register", "deregister",
-    "capabilities", "stats", "sizes", "shutdown", "prepare", "use_runtime", "fmap_wait", "fmap_clear", "fmap_info",
+    "PhxFile",
+    "IOFuture",
+    "StreamIO",
+    "IORequest",
+    "open",
+    "batch",
+    "register",
+    "deregister",
+    "capabilities",
+    "stats",
+    "sizes",
+    "shutdown",
+    "prepare",
+    "use_runtime",
+    "fmap_wait",
+    "fmap_clear",
+    "fmap_info",
     "PhxIOError",
 ]
 
 # Reached through phoenix.io by libphxfile's driver (a context of its own), the benchmarks
 # and the tests: the C ABI, the engine's settings and runtime, and test hooks.
-OP_READ, OP_WRITE, MODE, ENGINE, FMAP_MODE, MEM_NAME = (_abi.OP_READ, _abi.OP_WRITE, _abi.MODE, _abi.ENGINE,
-                                                        _abi.FMAP_MODE, _abi.MEM_NAME)
+OP_READ, OP_WRITE, MODE, ENGINE, FMAP_MODE, MEM_NAME = (
+    _abi.OP_READ,
+    _abi.OP_WRITE,
+    _abi.MODE,
+    _abi.ENGINE,
+    _abi.FMAP_MODE,
+    _abi.MEM_NAME,
+)
 _lib = _abi._lib
 _RegInfo = _abi._RegInfo
 make_config = _engine.make_config

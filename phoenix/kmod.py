@@ -93,7 +93,8 @@ def _read(path: str) -> str | None:
 def core_loaded(sysfs: str = SYSFS) -> bool:
     """Is the core module (phx_core) loaded?"""
     return os.path.isdir(os.path.join(sysfs, "module", "phx_core")) and os.path.isdir(
-        os.path.join(sysfs, "class", "phx"))
+        os.path.join(sysfs, "class", "phx")
+    )
 
 
 def backends(sysfs: str = SYSFS) -> list[Backend]:
@@ -106,9 +107,15 @@ def backends(sysfs: str = SYSFS) -> list[Backend]:
         if len(words) < 2:
             continue
         fields = dict(w.split("=", 1) for w in words[2:] if "=" in w)
-        out.append(Backend(name=words[0], available=words[1] == "available",
-                           devices=int(fields.get("devices", 0)), page_size=int(fields.get("page_size", 0)),
-                           reason=reason.strip()))
+        out.append(
+            Backend(
+                name=words[0],
+                available=words[1] == "available",
+                devices=int(fields.get("devices", 0)),
+                page_size=int(fields.get("page_size", 0)),
+                reason=reason.strip(),
+            )
+        )
     return out
 
 
@@ -128,18 +135,28 @@ def devices(vendor: str | None = None, sysfs: str = SYSFS, dev: str = DEV) -> li
             return default if v is None else v
 
         info = DeviceInfo(
-            name=name, path=os.path.join(dev, name), vendor=attr("vendor", ""), ordinal=int(attr("ordinal", "-1")),
-            page_size=int(attr("page_size")), map_mode=attr("map_mode", ""), pci_bdf=attr("pci_bdf", ""),
-            bar=int(attr("bar", "-1")), bar_size=int(attr("bar_size")), max_map=int(attr("max_map")),
-            mappings=int(attr("mappings")), pinned_bytes=int(attr("pinned_bytes")), reclaims=int(attr("reclaims")),
+            name=name,
+            path=os.path.join(dev, name),
+            vendor=attr("vendor", ""),
+            ordinal=int(attr("ordinal", "-1")),
+            page_size=int(attr("page_size")),
+            map_mode=attr("map_mode", ""),
+            pci_bdf=attr("pci_bdf", ""),
+            bar=int(attr("bar", "-1")),
+            bar_size=int(attr("bar_size")),
+            max_map=int(attr("max_map")),
+            mappings=int(attr("mappings")),
+            pinned_bytes=int(attr("pinned_bytes")),
+            reclaims=int(attr("reclaims")),
         )
         if vendor is None or info.vendor == vendor:
             out.append(info)
     return sorted(out, key=lambda i: (i.vendor, i.ordinal))
 
 
-def direct_status(vendor: str, ordinal: int = 0, page_size: int | None = None,
-                  sysfs: str = SYSFS, dev: str = DEV) -> tuple[bool, str]:
+def direct_status(
+    vendor: str, ordinal: int = 0, page_size: int | None = None, sysfs: str = SYSFS, dev: str = DEV
+) -> tuple[bool, str]:
     """Can this process map ``vendor``'s device ``ordinal`` through the kernel? (answer, reason)
 
     ``page_size``: the userspace vendor's ``p2p_page_size``, checked against the kernel's.
@@ -148,8 +165,11 @@ def direct_status(vendor: str, ordinal: int = 0, page_size: int | None = None,
     if not sys.platform.startswith("linux"):
         return False, f"the direct path needs Linux's kernel module (this is {sys.platform})"
     if not core_loaded(sysfs):
-        return False, ("the phoenix kernel module is not loaded (phx_core; build and load it with: "
-                       + BUILD_HINT.format(vendor=vendor) + ")")
+        return False, (
+            "the phoenix kernel module is not loaded (phx_core; build and load it with: "
+            + BUILD_HINT.format(vendor=vendor)
+            + ")"
+        )
     be = {b.name: b for b in backends(sysfs)}.get(vendor)
     if be is None:
         return False, f"the {vendor} backend module is not loaded (insmod phx_{vendor}.ko)"
@@ -161,15 +181,21 @@ def direct_status(vendor: str, ordinal: int = 0, page_size: int | None = None,
         extra = f" ({be.reason})" if be.reason else ""
         return False, f"no {vendor} device {ordinal} in the kernel: its backend serves {len(devs)} device(s){extra}"
     if page_size is not None and page_size != d.page_size:
-        return False, (f"{d.name}: kernel page size {d.page_size} differs from the vendor runtime's "
-                       f"p2p_page_size {page_size} (the two halves of the {vendor} port disagree)")
+        return False, (
+            f"{d.name}: kernel page size {d.page_size} differs from the vendor runtime's "
+            f"p2p_page_size {page_size} (the two halves of the {vendor} port disagree)"
+        )
     if not os.path.exists(d.path):
         return False, f"{d.path} does not exist (no devtmpfs or udev on this system?)"
     if not os.access(d.path, os.R_OK | os.W_OK):
-        return False, (f"no permission to open {d.path} (root only by default; a udev rule can give a group "
-                       "access: SUBSYSTEM==\"phx\", GROUP=\"...\", MODE=\"0660\")")
-    return True, (f"{d.name}: {vendor} device {ordinal} at {d.pci_bdf}, BAR {d.bar} ({d.bar_size >> 20} MiB) is "
-                  f"ZONE_DEVICE memory (map_mode {d.map_mode}, page size {d.page_size})")
+        return False, (
+            f"no permission to open {d.path} (root only by default; a udev rule can give a group "
+            'access: SUBSYSTEM=="phx", GROUP="...", MODE="0660")'
+        )
+    return True, (
+        f"{d.name}: {vendor} device {ordinal} at {d.pci_bdf}, BAR {d.bar} ({d.bar_size >> 20} MiB) is "
+        f"ZONE_DEVICE memory (map_mode {d.map_mode}, page size {d.page_size})"
+    )
 
 
 def status(sysfs: str = SYSFS, dev: str = DEV) -> dict:
@@ -184,8 +210,10 @@ def status(sysfs: str = SYSFS, dev: str = DEV) -> dict:
     if not sys.platform.startswith("linux"):
         out["why"] = f"the direct path needs Linux's kernel module (this is {sys.platform})"
     elif not loaded:
-        out["why"] = ("the phoenix kernel module is not loaded (phx_core): the direct path is off, "
-                      "every transfer is staged (build and load: " + BUILD_HINT.format(vendor="<vendor>") + ")")
+        out["why"] = (
+            "the phoenix kernel module is not loaded (phx_core): the direct path is off, "
+            "every transfer is staged (build and load: " + BUILD_HINT.format(vendor="<vendor>") + ")"
+        )
     elif not out["backends"]:
         out["why"] = "phx_core is loaded but no vendor backend module is (insmod phx_<vendor>.ko)"
     elif not out["devices"]:

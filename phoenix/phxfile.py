@@ -92,13 +92,17 @@ def env_hint() -> str:
     elif found:
         lines.append(f"  found by the loader as {found!r}: check it is this one (ldconfig -p | grep phxfile)")
     else:
-        lines.append("  not found by ctypes.util.find_library('phxfile') nor the dynamic loader; set, before "
-                     "starting the process that loads it (LMCache, vLLM):")
+        lines.append(
+            "  not found by ctypes.util.find_library('phxfile') nor the dynamic loader; set, before "
+            "starting the process that loads it (LMCache, vLLM):"
+        )
     if not on_path:
         lines.append(f"  export LD_LIBRARY_PATH={d}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}")
         lines.append(f"  (or system-wide, as root: echo {d} > /etc/ld.so.conf.d/phoenix.conf && ldconfig)")
-    lines.append("  the vendor is PHX_VENDOR's (auto|host|nvidia|metax|<port>); PHX_MODE and the PHX_* pool "
-                 "settings apply when the driver opens")
+    lines.append(
+        "  the vendor is PHX_VENDOR's (auto|host|nvidia|metax|<port>); PHX_MODE and the PHX_* pool "
+        "settings apply when the driver opens"
+    )
     return "\n".join(lines)
 
 

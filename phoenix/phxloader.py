@@ -54,8 +54,16 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
-    "DTYPES", "TensorInfo", "Header", "LoadedTensors", "DeviceArray", "read_header", "read_metadata",
-    "load_file", "load", "save_file",
+    "DTYPES",
+    "TensorInfo",
+    "Header",
+    "LoadedTensors",
+    "DeviceArray",
+    "read_header",
+    "read_metadata",
+    "load_file",
+    "load",
+    "save_file",
 ]
 
 ALIGN = 4096
@@ -163,8 +171,9 @@ def read_header(path) -> Header:
     data_start = 8 + n
     data_len = size - data_start
     metadata = hdr.pop("__metadata__", None)
-    if metadata is not None and not (isinstance(metadata, dict) and
-                                     all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
+    if metadata is not None and not (
+        isinstance(metadata, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+    ):
         raise ValueError(f"{path}: __metadata__ must map strings to strings")
     tensors = {}
     for name, e in hdr.items():
@@ -269,8 +278,7 @@ class DeviceArray:
 
     @property
     def __cuda_array_interface__(self):
-        return {"shape": self.shape, "typestr": self._np.str, "data": (self.ptr, False), "version": 3,
-                "strides": None}
+        return {"shape": self.shape, "typestr": self._np.str, "data": (self.ptr, False), "version": 3, "strides": None}
 
     def to_numpy(self) -> np.ndarray:
         out = np.empty(self.shape, dtype=self._np)
@@ -331,8 +339,10 @@ def _check_runtime_sees(probe, device) -> None:
     mem = classify(rt, probe.data_ptr(), 1, "device", device.index)[0] if rt is not None else MEM_HOST
     if mem == MEM_HOST:
         name = getattr(rt, "name", None)
-        raise ValueError(f"device {device}: the phoenix vendor runtime {name!r} does not know CUDA memory; "
-                         "select PHX_VENDOR=nvidia (or auto) to load into CUDA tensors")
+        raise ValueError(
+            f"device {device}: the phoenix vendor runtime {name!r} does not know CUDA memory; "
+            "select PHX_VENDOR=nvidia (or auto) to load into CUDA tensors"
+        )
 
 
 class _VendorSink(_Sink):
@@ -401,8 +411,9 @@ def _sink(device, framework: str | None) -> _Sink:
 # ---- the pipeline -----------------------------------------------------------------------------
 
 
-def load(paths, device="cpu", *, framework: str | None = None, chunk: int = DEFAULT_CHUNK,
-         depth: int = DEFAULT_DEPTH) -> LoadedTensors:
+def load(
+    paths, device="cpu", *, framework: str | None = None, chunk: int = DEFAULT_CHUNK, depth: int = DEFAULT_DEPTH
+) -> LoadedTensors:
     """Load one or many safetensors files; name -> tensor (see :class:`LoadedTensors`).
 
     A tensor name in two files is an error (ValueError). Tensors are allocated in file
@@ -454,8 +465,9 @@ def load(paths, device="cpu", *, framework: str | None = None, chunk: int = DEFA
                 raise err  # PhxIOError naming the file, offset and length
             got = fut.result()
             if got < size:
-                raise PhxIOError(_errno.EIO, path, off, size,
-                                 f"short read ({got} bytes): the file is shorter than its header says")
+                raise PhxIOError(
+                    _errno.EIO, path, off, size, f"short read ({got} bytes): the file is shorter than its header says"
+                )
 
     try:
         reqs, meta, group_bytes = [], [], 0
@@ -502,9 +514,17 @@ def load(paths, device="cpu", *, framework: str | None = None, chunk: int = DEFA
             out[name] = dst[(fi, name)][0]
             out.dtypes[name] = t.dtype
             nbytes += t.nbytes
-    out.stats = {"bytes": nbytes, "seconds": time.perf_counter() - t0, "requests": nreq, "groups": ngroups,
-                 "chunk": chunk, "depth": depth, "sink": sink.name, "files": len(paths),
-                 **{f"{k}_seconds": round(v, 4) for k, v in spent.items()}}
+    out.stats = {
+        "bytes": nbytes,
+        "seconds": time.perf_counter() - t0,
+        "requests": nreq,
+        "groups": ngroups,
+        "chunk": chunk,
+        "depth": depth,
+        "sink": sink.name,
+        "files": len(paths),
+        **{f"{k}_seconds": round(v, 4) for k, v in spent.items()},
+    }
     return out
 
 
@@ -516,6 +536,9 @@ def load_file(path, device="cpu", **kw) -> LoadedTensors:
 if __name__ == "__main__":  # the bench that lived here is `phx bench loader` (an adapter imports no CLI)
     import sys
 
-    print("python -m phoenix.phxloader: phxloader is a library; its bench is `phx bench loader FILE` "
-          "(see `phx bench loader --help`)", file=sys.stderr)
+    print(
+        "python -m phoenix.phxloader: phxloader is a library; its bench is `phx bench loader FILE` "
+        "(see `phx bench loader --help`)",
+        file=sys.stderr,
+    )
     sys.exit(2)

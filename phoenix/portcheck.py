@@ -32,9 +32,11 @@ PLACEHOLDERS = ("_fill_me", "_scaffold_probe")
 #: the comment that marks a place to fill in a generated file (both sides)
 TODO_TAG = "TODO(phx-port)"
 _TODO = re.compile(re.escape(TODO_TAG) + r":?\s*fill\s+(\w+)")
-_SIZES = {f"SZ_{n}{u}": n << s for u, s in (("", 0), ("K", 10), ("M", 20), ("G", 30)) for n in
-          (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)}
-
+_SIZES = {
+    f"SZ_{n}{u}": n << s
+    for u, s in (("", 0), ("K", 10), ("M", 20), ("G", 30))
+    for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+}
 
 
 # -- the contract, read from phoenix.vendor ---------------------------------------------
@@ -55,10 +57,25 @@ def required_operations() -> list[str]:
 
 
 #: the operations as of DATA_PATH_ABI 1, for an installation without phoenix/vendor.py's source
-_OPERATIONS = ("probe", "devices", "set_device", "device_alloc", "device_free", "host_register", "host_unregister",
-               "host_alloc_pinned", "host_free_pinned", "memcpy", "memcpy_async", "stream_create",
-               "stream_synchronize", "stream_destroy", "launch_host_func", "pointer_info", "data_path")
-
+_OPERATIONS = (
+    "probe",
+    "devices",
+    "set_device",
+    "device_alloc",
+    "device_free",
+    "host_register",
+    "host_unregister",
+    "host_alloc_pinned",
+    "host_free_pinned",
+    "memcpy",
+    "memcpy_async",
+    "stream_create",
+    "stream_synchronize",
+    "stream_destroy",
+    "launch_host_func",
+    "pointer_info",
+    "data_path",
+)
 
 
 def size_text(size: int) -> str:
@@ -66,8 +83,6 @@ def size_text(size: int) -> str:
         if size >= 1 << shift and size % (1 << shift) == 0:
             return f"{size >> shift} {unit}"
     return f"{size} bytes"
-
-
 
 
 # -- check ------------------------------------------------------------------------------------
@@ -109,8 +124,12 @@ class CheckReport:
         return any(f.level in ("error", "todo") for f in self.findings)
 
     def as_dict(self) -> dict:
-        return {"vendor": self.name, "directory": self.directory, "result": "fail" if self.failed else "pass",
-                "findings": [asdict(f) for f in self.findings]}
+        return {
+            "vendor": self.name,
+            "directory": self.directory,
+            "result": "fail" if self.failed else "pass",
+            "findings": [asdict(f) for f in self.findings],
+        }
 
 
 def locate(name: str, directory: str | None = None) -> tuple[str | None, str]:
@@ -178,8 +197,14 @@ def _check_operations(rep: CheckReport, cls, runtime_path: str) -> None:
                 line = inspect.getsourcelines(cls)[1]
             except (OSError, TypeError):
                 line = None
-            rep.add("todo", "operations", f"{op}() is not implemented: add it to class {cls.__name__} "
-                                          f"(contract: phoenix/vendor.py, VendorRuntime.{op})", runtime_path, line)
+            rep.add(
+                "todo",
+                "operations",
+                f"{op}() is not implemented: add it to class {cls.__name__} "
+                f"(contract: phoenix/vendor.py, VendorRuntime.{op})",
+                runtime_path,
+                line,
+            )
             missing += 1
             continue
         line = _placeholder_line(fn)
@@ -188,12 +213,21 @@ def _check_operations(rep: CheckReport, cls, runtime_path: str) -> None:
                 where = inspect.getsourcefile(fn) or runtime_path
             except TypeError:
                 where = runtime_path
-            rep.add("todo", "operations", f"{op}() is not implemented yet: fill it here (its contract is its "
-                                          "docstring)", where, line)
+            rep.add(
+                "todo",
+                "operations",
+                f"{op}() is not implemented yet: fill it here (its contract is its docstring)",
+                where,
+                line,
+            )
             missing += 1
     if not missing:
-        inherited = [op for op in ops if op not in vars(cls) and not any(op in vars(k) for k in cls.__mro__[1:-1]
-                                                                          if k.__module__ == cls.__module__)]
+        inherited = [
+            op
+            for op in ops
+            if op not in vars(cls)
+            and not any(op in vars(k) for k in cls.__mro__[1:-1] if k.__module__ == cls.__module__)
+        ]
         via = f" ({len(inherited)} inherited from {cls.__mro__[1].__name__})" if inherited else ""
         rep.add("ok", "operations", f"all {len(ops)} operations implemented{via}")
 
@@ -206,8 +240,13 @@ def _class_attr_line(path: str, attr: str) -> int | None:
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name == "Runtime":
             for stmt in node.body:
-                targets = stmt.targets if isinstance(stmt, ast.Assign) else \
-                    [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+                targets = (
+                    stmt.targets
+                    if isinstance(stmt, ast.Assign)
+                    else [stmt.target]
+                    if isinstance(stmt, ast.AnnAssign)
+                    else []
+                )
                 if any(isinstance(t, ast.Name) and t.id == attr for t in targets):
                     return stmt.lineno
                 if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == attr:
@@ -296,8 +335,13 @@ def compile_kernel_file(name: str, p2p: str, kdir: str | None = None, timeout: f
     """Build ``p2p.c`` as ``phx_<name>.ko`` with the core (kbuild, -Werror), or syntax-check it."""
     src = kernel_source_dir()
     if src is None:
-        return Finding("skip", "kernel build", "kernel/ (phx_p2p.h, Makefile) is not part of this installation: "
-                                               "run phx-port check from a phoenix checkout to compile p2p.c", p2p)
+        return Finding(
+            "skip",
+            "kernel build",
+            "kernel/ (phx_p2p.h, Makefile) is not part of this installation: "
+            "run phx-port check from a phoenix checkout to compile p2p.c",
+            p2p,
+        )
     headers = kernel_headers(kdir)
     with tempfile.TemporaryDirectory(prefix="phx-check-") as tmp:
         if headers and shutil.which("make"):
@@ -310,11 +354,17 @@ def compile_kernel_file(name: str, p2p: str, kdir: str | None = None, timeout: f
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
             except subprocess.TimeoutExpired:
                 return Finding("error", "kernel build", f"the kernel build ran past {timeout:g} s", p2p)
-            out = _map_paths(proc.stdout + proc.stderr, {os.path.join(build, f"phx_{name}.c"): os.path.abspath(p2p),
-                                                          f"phx_{name}.c": os.path.abspath(p2p)})
+            out = _map_paths(
+                proc.stdout + proc.stderr,
+                {os.path.join(build, f"phx_{name}.c"): os.path.abspath(p2p), f"phx_{name}.c": os.path.abspath(p2p)},
+            )
             if proc.returncode != 0:
-                return Finding("error", "kernel build", f"p2p.c does not build against {headers} (-Werror):\n"
-                                                        + _compiler_lines(out), p2p)
+                return Finding(
+                    "error",
+                    "kernel build",
+                    f"p2p.c does not build against {headers} (-Werror):\n" + _compiler_lines(out),
+                    p2p,
+                )
             return Finding("ok", "kernel build", f"phx_{name}.ko builds against {headers} with -Werror", p2p)
         cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
         if not cc:
@@ -322,21 +372,40 @@ def compile_kernel_file(name: str, p2p: str, kdir: str | None = None, timeout: f
         stubs = os.path.join(tmp, "stubs")
         _write_stubs(stubs, p2p)
         shutil.copy(os.path.join(src, "phx_p2p.h"), os.path.join(stubs, "phx_p2p.h"))
-        cmd = [cc, "-fsyntax-only", "-std=gnu11", "-Wall", "-Werror", "-Wno-unused-function",
-               "-Wno-implicit-function-declaration", "-I", stubs, os.path.abspath(p2p)]
+        cmd = [
+            cc,
+            "-fsyntax-only",
+            "-std=gnu11",
+            "-Wall",
+            "-Werror",
+            "-Wno-unused-function",
+            "-Wno-implicit-function-declaration",
+            "-I",
+            stubs,
+            os.path.abspath(p2p),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         why = "no kernel headers found (install linux-headers, or pass --kdir)" if kdir != "none" else "--kdir none"
         if proc.returncode != 0:
-            return Finding("error", "kernel build", f"p2p.c fails a syntax check against phoenix's stub kernel headers "
-                                                    f"({why}); a kernel name the stubs lack may also show here:\n"
-                                                    + _compiler_lines(proc.stderr), p2p)
-        return Finding("ok", "kernel build", f"syntax check passed against stub kernel headers ({why}); "
-                                             "the real build needs the headers", p2p)
+            return Finding(
+                "error",
+                "kernel build",
+                f"p2p.c fails a syntax check against phoenix's stub kernel headers "
+                f"({why}); a kernel name the stubs lack may also show here:\n" + _compiler_lines(proc.stderr),
+                p2p,
+            )
+        return Finding(
+            "ok",
+            "kernel build",
+            f"syntax check passed against stub kernel headers ({why}); the real build needs the headers",
+            p2p,
+        )
 
 
 def _compiler_lines(out: str, limit: int = 20) -> str:
-    keep = [ln for ln in out.splitlines() if re.search(r"(error|warning):|Error \d|^\S+:\d+:", ln)] or \
-        out.strip().splitlines()
+    keep = [
+        ln for ln in out.splitlines() if re.search(r"(error|warning):|Error \d|^\S+:\d+:", ln)
+    ] or out.strip().splitlines()
     return "\n".join("    " + ln for ln in keep[:limit])
 
 
@@ -541,8 +610,12 @@ def check(name: str, directory: str | None = None, kdir: str | None = None, comp
     rep = CheckReport(name, where)
     if where is None:
         found = "" if source == "not found" else f" ({source})"
-        rep.add("error", "files", f"no vendor {name!r} found{found}: looked in-tree (vendors/<name>/), in the "
-                                  "phoenix.vendors entry points and PHX_VENDOR_PATH; or give --dir DIR")
+        rep.add(
+            "error",
+            "files",
+            f"no vendor {name!r} found{found}: looked in-tree (vendors/<name>/), in the "
+            "phoenix.vendors entry points and PHX_VENDOR_PATH; or give --dir DIR",
+        )
         return rep
     runtime_py, p2p_c = os.path.join(where, "runtime.py"), os.path.join(where, "p2p.c")
     have_rt, have_k = os.path.exists(runtime_py), os.path.exists(p2p_c)
@@ -551,8 +624,13 @@ def check(name: str, directory: str | None = None, kdir: str | None = None, comp
     if not have_rt:
         rep.add("error", "files", "runtime.py is missing (the userspace side: class Runtime)", runtime_py)
     if not have_k:
-        rep.add("error", "files", "p2p.c is missing (the kernel side: struct phx_p2p_ops); render one with "
-                                  "`phx-port new <name> --out /tmp/x` and copy its p2p.c", p2p_c)
+        rep.add(
+            "error",
+            "files",
+            "p2p.c is missing (the kernel side: struct phx_p2p_ops); render one with "
+            "`phx-port new <name> --out /tmp/x` and copy its p2p.c",
+            p2p_c,
+        )
 
     cls = None
     if have_rt:
@@ -562,12 +640,22 @@ def check(name: str, directory: str | None = None, kdir: str | None = None, comp
             import traceback
 
             tb = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == runtime_py]
-            rep.add("error", "import", f"runtime.py does not import: {type(exc).__name__}: {exc}", runtime_py,
-                    tb[-1].lineno if tb else getattr(exc, "lineno", None))
+            rep.add(
+                "error",
+                "import",
+                f"runtime.py does not import: {type(exc).__name__}: {exc}",
+                runtime_py,
+                tb[-1].lineno if tb else getattr(exc, "lineno", None),
+            )
     if cls is not None:
         if cls.name != name:
-            rep.add("error", "name", f"Runtime.name is {cls.name!r}, not {name!r} (it must equal the vendor's name)",
-                    runtime_py, _class_attr_line(runtime_py, "name"))
+            rep.add(
+                "error",
+                "name",
+                f"Runtime.name is {cls.name!r}, not {name!r} (it must equal the vendor's name)",
+                runtime_py,
+                _class_attr_line(runtime_py, "name"),
+            )
         _check_operations(rep, cls, runtime_py)
 
     # page size, both sides
@@ -576,18 +664,34 @@ def check(name: str, directory: str | None = None, kdir: str | None = None, comp
     if have_k:
         k_size, k_line, expr = kernel_page_size(p2p_c)
         if k_size is None:
-            rep.add("error", "page size", f"cannot read .page_size in p2p.c ({expr or 'no .page_size = ...'}): "
-                                          "use a literal, SZ_64K or a #define of one", p2p_c, k_line)
+            rep.add(
+                "error",
+                "page size",
+                f"cannot read .page_size in p2p.c ({expr or 'no .page_size = ...'}): "
+                "use a literal, SZ_64K or a #define of one",
+                p2p_c,
+                k_line,
+            )
         elif rt_size is not None:
             if k_size != rt_size:
-                rep.add("error", "page size", f"p2p.c's .page_size is {k_size} ({expr}) but runtime.py's "
-                                              f"p2p_page_size is {rt_size} ({runtime_py}:{rt_line}): make them equal",
-                        p2p_c, k_line)
+                rep.add(
+                    "error",
+                    "page size",
+                    f"p2p.c's .page_size is {k_size} ({expr}) but runtime.py's "
+                    f"p2p_page_size is {rt_size} ({runtime_py}:{rt_line}): make them equal",
+                    p2p_c,
+                    k_line,
+                )
             elif k_size & (k_size - 1) or k_size < 4096:
                 rep.add("error", "page size", f"{k_size} is not a power of two of at least 4096", p2p_c, k_line)
             else:
-                rep.add("ok", "page size", f"{size_text(k_size)} on both sides (runtime.py:{rt_line}, "
-                                           f"p2p.c:{k_line})", p2p_c, k_line)
+                rep.add(
+                    "ok",
+                    "page size",
+                    f"{size_text(k_size)} on both sides (runtime.py:{rt_line}, p2p.c:{k_line})",
+                    p2p_c,
+                    k_line,
+                )
         for what, line in kernel_todos(p2p_c):
             rep.add("todo", "kernel side", f"{what} is not filled in yet (see the comment there)", p2p_c, line)
         if compile_kernel:
@@ -598,14 +702,24 @@ def check(name: str, directory: str | None = None, kdir: str | None = None, comp
         rows, table = _protos_of(cls)
         line = _class_attr_line(runtime_py, table)
         if not rows:
-            rep.add("note", "prototype table", "the port has no prototype table to resolve (prototype_table() "
-                                               "is empty)",
-                    runtime_py, line)
+            rep.add(
+                "note",
+                "prototype table",
+                "the port has no prototype table to resolve (prototype_table() is empty)",
+                runtime_py,
+                line,
+            )
         else:
             path, looked = _library_of(cls)
             if path is None:
-                rep.add("skip", "prototype table", f"{len(rows)} rows not resolved: the runtime library is not "
-                                                   f"installed here (looked: {'; '.join(looked[:6])})", runtime_py, line)
+                rep.add(
+                    "skip",
+                    "prototype table",
+                    f"{len(rows)} rows not resolved: the runtime library is not "
+                    f"installed here (looked: {'; '.join(looked[:6])})",
+                    runtime_py,
+                    line,
+                )
             else:
                 try:
                     lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
@@ -615,10 +729,16 @@ def check(name: str, directory: str | None = None, kdir: str | None = None, comp
                     missing = [p.symbol for p in rows if not p.optional and not hasattr(lib, p.symbol)]
                     absent = [p.symbol for p in rows if p.optional and not hasattr(lib, p.symbol)]
                     if missing:
-                        rep.add("error", "prototype table", f"{path} lacks {len(missing)} required symbol(s): "
-                                                            f"{', '.join(missing)}", runtime_py, line)
+                        rep.add(
+                            "error",
+                            "prototype table",
+                            f"{path} lacks {len(missing)} required symbol(s): {', '.join(missing)}",
+                            runtime_py,
+                            line,
+                        )
                     else:
                         extra = f" ({len(absent)} optional absent: {', '.join(absent)})" if absent else ""
-                        rep.add("ok", "prototype table", f"all {len(rows)} rows resolve in {path}{extra}",
-                                runtime_py, line)
+                        rep.add(
+                            "ok", "prototype table", f"all {len(rows)} rows resolve in {path}{extra}", runtime_py, line
+                        )
     return rep

@@ -42,7 +42,6 @@ from .vendor import Probe, VendorRuntime
 FALLBACK = "host"
 
 
-
 @dataclass
 class VendorEntry:
     """One discovered vendor: where it comes from, and its class or its import error."""
@@ -212,7 +211,13 @@ def _select(requested: str, by: str, vendors: dict[str, VendorEntry] | None) -> 
     fallback = vendors.get(FALLBACK)
     if fallback is None or fallback.load() is None:
         raise VendorUnavailable(f"no usable vendor, and the fallback {FALLBACK!r} is missing; skipped: {skipped}")
-    return Selection(FALLBACK, fallback.load(), "auto", "auto: no accelerator vendor usable, fell back to the host reference vendor (test double)", skipped)
+    return Selection(
+        FALLBACK,
+        fallback.load(),
+        "auto",
+        "auto: no accelerator vendor usable, fell back to the host reference vendor (test double)",
+        skipped,
+    )
 
 
 _lock = threading.Lock()
@@ -292,4 +297,3 @@ def reset() -> None:
         if _current is not None:
             _current[1].close()
         _current = None
-

@@ -37,8 +37,28 @@ from .portcheck import _OPERATIONS, _SIZES, PLACEHOLDERS, TODO_TAG, required_ope
 from .vendor import VendorRuntime, library_env_var
 
 #: names a vendor cannot take: PHX_VENDOR's own words, and words that read as something else
-RESERVED = frozenset({"auto", "all", "none", "default", "any", "core", "kernel", "phoenix", "phx", "vendor",
-                      "vendors", "templates", "test", "tests", "cuda", "cudalike", "emulated", "emulator"})
+RESERVED = frozenset(
+    {
+        "auto",
+        "all",
+        "none",
+        "default",
+        "any",
+        "core",
+        "kernel",
+        "phoenix",
+        "phx",
+        "vendor",
+        "vendors",
+        "templates",
+        "test",
+        "tests",
+        "cuda",
+        "cudalike",
+        "emulated",
+        "emulator",
+    }
+)
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LIBNAME = re.compile(r"^lib[A-Za-z0-9_.+-]+\.so(\.[0-9.]+)?$")
@@ -49,7 +69,6 @@ LIKE = ("cuda",)
 
 class ScaffoldError(PhxError, ValueError):
     """A request ``phx-port new`` refuses (a bad name or option, a target that exists)."""
-
 
 
 # -- the contract, read from phoenix.vendor ---------------------------------------------
@@ -67,7 +86,11 @@ def _signature(fn) -> str:
             text += f" = {p.default!r}"
         parts.append(text)
     ret = sig.return_annotation
-    tail = "" if ret is inspect.Signature.empty else f" -> {ret if isinstance(ret, str) else inspect.formatannotation(ret)}"
+    tail = (
+        ""
+        if ret is inspect.Signature.empty
+        else f" -> {ret if isinstance(ret, str) else inspect.formatannotation(ret)}"
+    )
     return f"({', '.join(parts)}){tail}"
 
 
@@ -85,8 +108,10 @@ def _operations_for_template() -> list[dict]:
 def validate_name(name: str, existing: dict | None = None) -> None:
     """Refuse a vendor name that is not a lowercase identifier, is reserved, or is taken."""
     if not _NAME.match(name or ""):
-        raise ScaffoldError(f"vendor name {name!r}: use a lowercase Python identifier (a-z, 0-9, _; "
-                            "starting with a letter), e.g. 'acme'")
+        raise ScaffoldError(
+            f"vendor name {name!r}: use a lowercase Python identifier (a-z, 0-9, _; "
+            "starting with a letter), e.g. 'acme'"
+        )
     if keyword.iskeyword(name) or keyword.issoftkeyword(name):
         raise ScaffoldError(f"vendor name {name!r} is a Python keyword")
     if name in RESERVED:
@@ -94,8 +119,7 @@ def validate_name(name: str, existing: dict | None = None) -> None:
     existing = registry.discover() if existing is None else existing
     if name in existing:
         entry = existing[name]
-        raise ScaffoldError(f"vendor {name!r} exists already ({entry.source}: {entry.location}); "
-                            "choose another name")
+        raise ScaffoldError(f"vendor {name!r} exists already ({entry.source}: {entry.location}); choose another name")
 
 
 def parse_page_size(text) -> int:
@@ -106,8 +130,10 @@ def parse_page_size(text) -> int:
     except ValueError:
         raise ScaffoldError(f"--page-size {text!r} is not a size (e.g. 65536, 64K, 2M)") from None
     if size < 4096 or size & (size - 1):
-        raise ScaffoldError(f"--page-size {text!r}: must be a power of two of at least 4096 (the kernel's "
-                            "PAGE_SIZE); 65536 on NVIDIA and MetaX")
+        raise ScaffoldError(
+            f"--page-size {text!r}: must be a power of two of at least 4096 (the kernel's "
+            "PAGE_SIZE); 65536 on NVIDIA and MetaX"
+        )
     return size
 
 
@@ -119,7 +145,6 @@ def parse_pci_vendor(text) -> int:
     if not 0 < value < 0xFFFF:
         raise ScaffoldError(f"--pci-vendor {text!r}: a PCI vendor id is 0x0001..0xfffe")
     return value
-
 
 
 def _size_c(size: int) -> str:
@@ -144,8 +169,9 @@ def templates_dir() -> str:
     here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "templates")
     if os.path.exists(os.path.join(here, "runtime.py.j2")):
         return here
-    raise ScaffoldError("phoenix's templates (phoenix.templates: runtime.py.j2, p2p.c.j2) are missing from this "
-                        "installation")
+    raise ScaffoldError(
+        "phoenix's templates (phoenix.templates: runtime.py.j2, p2p.c.j2) are missing from this installation"
+    )
 
 
 def in_tree_vendors_dir() -> str:
@@ -155,8 +181,10 @@ def in_tree_vendors_dir() -> str:
         top = os.path.dirname(os.path.abspath(path))
         if os.path.basename(path.rstrip(os.sep)) == "vendors" and os.path.exists(os.path.join(top, "setup.py")):
             return os.path.abspath(path)
-    raise ScaffoldError("this phoenix is an installed package, not a checkout: write the port elsewhere with "
-                        "--out DIR (an out-of-tree package) or --vendors-dir DIR (then PHX_VENDOR_PATH=DIR)")
+    raise ScaffoldError(
+        "this phoenix is an installed package, not a checkout: write the port elsewhere with "
+        "--out DIR (an out-of-tree package) or --vendors-dir DIR (then PHX_VENDOR_PATH=DIR)"
+    )
 
 
 @dataclass
@@ -179,11 +207,14 @@ class NewPort:
             raise ScaffoldError(f"--like {self.like!r}: the shapes known are {', '.join(LIKE)}")
         if self.like:
             if not self.prefix:
-                raise ScaffoldError(f"--like {self.like} needs --prefix: the runtime's symbol prefix "
-                                    "(mc for mcMalloc, hip for hipMalloc)")
+                raise ScaffoldError(
+                    f"--like {self.like} needs --prefix: the runtime's symbol prefix "
+                    "(mc for mcMalloc, hip for hipMalloc)"
+                )
             if not self.library:
-                raise ScaffoldError(f"--like {self.like} needs --lib: the runtime library's file name "
-                                    "(libmcruntime.so, libamdhip64.so)")
+                raise ScaffoldError(
+                    f"--like {self.like} needs --lib: the runtime library's file name (libmcruntime.so, libamdhip64.so)"
+                )
         if self.prefix is not None and not _IDENT.match(self.prefix):
             raise ScaffoldError(f"--prefix {self.prefix!r} is not a C identifier")
         if self.library is not None and not _LIBNAME.match(self.library):
@@ -232,9 +263,14 @@ def _environment():
         import jinja2
     except ImportError:
         raise ScaffoldError("phx-port new needs jinja2: pip install jinja2") from None
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(templates_dir()), undefined=jinja2.StrictUndefined,
-                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-                              autoescape=False)
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(templates_dir()),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
 
 
 def render(req: NewPort) -> dict[str, str]:
@@ -242,8 +278,11 @@ def render(req: NewPort) -> dict[str, str]:
     env = _environment()
     ctx = req.context()
     runtime = env.get_template("runtime_cudalike.py.j2" if req.like else "runtime.py.j2").render(ctx)
-    files = {"runtime.py": runtime, "p2p.c": env.get_template("p2p.c.j2").render(ctx),
-             "README.md": env.get_template("README.md.j2").render(ctx)}
+    files = {
+        "runtime.py": runtime,
+        "p2p.c": env.get_template("p2p.c.j2").render(ctx),
+        "README.md": env.get_template("README.md.j2").render(ctx),
+    }
     if req.out:
         mod = ctx["module"]
         files = {f"{mod}/{k}": v for k, v in files.items() if k != "README.md"}
@@ -274,8 +313,9 @@ def generate(req: NewPort, existing: dict | None = None) -> tuple[str, list[str]
     req.validate(existing)
     target = target_dir(req)
     if os.path.lexists(target) and (not os.path.isdir(target) or os.listdir(target)):
-        raise ScaffoldError(f"{target} exists already; phx-port new never overwrites: remove it or choose "
-                            "another place")
+        raise ScaffoldError(
+            f"{target} exists already; phx-port new never overwrites: remove it or choose another place"
+        )
     files = render(req)
     parent = os.path.dirname(target)
     os.makedirs(parent, exist_ok=True)

@@ -178,8 +178,18 @@ class Settings:
         """The values a worker pool is built with (mode is per request; the vendor's runtime
         is a key of its own, see :mod:`phoenix._engine`). The file-mapping cache belongs to
         the pool: changing its settings starts a new one (empty)."""
-        return (self.threads, self.chunk_size, self.queue_depth, self.bounce_pool_size, self.engine,
-                self.fmap_cache, self.fmap_idle, self.fmap_mode, self.fmap_window, self.fmap_register_flags)
+        return (
+            self.threads,
+            self.chunk_size,
+            self.queue_depth,
+            self.bounce_pool_size,
+            self.engine,
+            self.fmap_cache,
+            self.fmap_idle,
+            self.fmap_mode,
+            self.fmap_window,
+            self.fmap_register_flags,
+        )
 
 
 def _check(name: str, value, source: str):
@@ -331,5 +341,6 @@ def override(**kwargs) -> Iterator[Settings]:
 def describe() -> list[dict]:
     """The table above as data (for ``phx info``): name, env var, effective value, source."""
     eff = get()
-    return [{"name": name, "env": var, "value": getattr(eff, name), "source": source_of(name)} for name, var in ENV.items()]
-
+    return [
+        {"name": name, "env": var, "value": getattr(eff, name), "source": source_of(name)} for name, var in ENV.items()
+    ]

@@ -175,7 +175,9 @@ def load_shim(
         cfn.restype = proto.restype
         cfn.argtypes = list(proto.argtypes)
         shim._symbols[proto.symbol] = cfn
-        pyname = proto.pyname or _snake(proto.symbol[len(prefix):] if prefix and proto.symbol.startswith(prefix) else proto.symbol)
+        pyname = proto.pyname or _snake(
+            proto.symbol[len(prefix) :] if prefix and proto.symbol.startswith(prefix) else proto.symbol
+        )
         setattr(shim, pyname, _make_method(shim, proto, cfn))
     return shim
 

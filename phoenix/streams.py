@@ -48,8 +48,10 @@ def handle(stream) -> int:
         return _checked(int(get_ptr()), stream)
     if not isinstance(stream, (str, bytes, float, complex)) and hasattr(type(stream), "__int__"):
         return _checked(int(stream), stream)
-    raise TypeError(f"cannot use {type(stream).__module__}.{type(stream).__name__} as a stream: pass the vendor's "
-                    "stream handle (an int), a torch or CuPy stream, or an object with __cuda_stream__")
+    raise TypeError(
+        f"cannot use {type(stream).__module__}.{type(stream).__name__} as a stream: pass the vendor's "
+        "stream handle (an int), a torch or CuPy stream, or an object with __cuda_stream__"
+    )
 
 
 def _checked(value, original) -> int:

@@ -183,11 +183,15 @@ class DataPathTable(ctypes.Structure):
         """How I/O on device memory is ordered with the caller's stream, in words."""
         gone = self.missing_events()
         if not gone:
-            return ("events: an event recorded on the caller's stream; phoenix's copy streams wait for it "
-                    "(stream_wait_event), direct I/O waits for it on the host")
+            return (
+                "events: an event recorded on the caller's stream; phoenix's copy streams wait for it "
+                "(stream_wait_event), direct I/O waits for it on the host"
+            )
         if len(gone) == len(self.EVENTS):
-            return ("synchronizing: the vendor has no events, so the caller's stream is synchronized "
-                    "before each I/O call on device memory (correct, but the caller waits for its queued work)")
+            return (
+                "synchronizing: the vendor has no events, so the caller's stream is synchronized "
+                "before each I/O call on device memory (correct, but the caller waits for its queued work)"
+            )
         return f"synchronizing: the vendor's events are incomplete (missing {', '.join(gone)})"
 
 

@@ -41,6 +41,6 @@ class Dev:
 
 def check_extent(got: np.ndarray, want: np.ndarray, start: int, count: int):
     """got[start:start+count] == want, and everything else still the poison."""
-    np.testing.assert_array_equal(got[start:start + count], want[:count])
+    np.testing.assert_array_equal(got[start : start + count], want[:count])
     assert (got[:start] == POISON).all(), "bytes before the extent were touched"
-    assert (got[start + count:] == POISON).all(), "bytes after the extent were touched"
+    assert (got[start + count :] == POISON).all(), "bytes after the extent were touched"

@@ -36,7 +36,7 @@ class SparseFile:
             take = min(PAGE - rel, count - pos)
             page = self.pages.get(idx)
             if page is not None:
-                out[pos:pos + take] = page[rel:rel + take]
+                out[pos : pos + take] = page[rel : rel + take]
             pos += take
         return out
 
@@ -50,7 +50,7 @@ class SparseFile:
             page = self.pages.get(idx)
             if page is None:
                 page = self.pages[idx] = np.zeros(PAGE, np.uint8)
-            page[rel:rel + take] = data[pos:pos + take]
+            page[rel : rel + take] = data[pos : pos + take]
             pos += take
         if n:
             self.size = max(self.size, off + n)
@@ -107,10 +107,12 @@ def file_mismatch(path, model: SparseFile) -> str | None:
                 got = np.frombuffer(os.pread(fd, n, pos), np.uint8)
                 want = model.read(pos, n)
                 if got.size != want.size or not np.array_equal(got, want):
-                    bad = np.flatnonzero(got[:want.size] != want[:got.size]) if got.size and want.size else [0]
+                    bad = np.flatnonzero(got[: want.size] != want[: got.size]) if got.size and want.size else [0]
                     first = pos + int(bad[0]) if len(bad) else pos + min(got.size, want.size)
-                    return (f"file bytes differ from the model in [{pos}, +{n}): first at {first} "
-                            f"({len(bad)} bytes differ; read {got.size}, want {want.size})")
+                    return (
+                        f"file bytes differ from the model in [{pos}, +{n}): first at {first} "
+                        f"({len(bad)} bytes differ; read {got.size}, want {want.size})"
+                    )
                 pos += n
         return None
     finally:
@@ -152,14 +154,14 @@ class Guarded:
                 shift = (-(raw.ctypes.data + lead)) % 4096
             elif kind == "numpy_odd":
                 shift = 0 if (raw.ctypes.data + lead) % 2 else 1
-            self._arr = raw[shift:shift + self.total]
+            self._arr = raw[shift : shift + self.total]
             self.lead = lead
-            self.obj = self._arr[lead:lead + n]
+            self.obj = self._arr[lead : lead + n]
         elif kind == "memoryview":
             self._ba = bytearray([poison]) * self.total
             self._arr = np.frombuffer(self._ba, np.uint8)
             self.lead = lead
-            self.obj = memoryview(self._ba)[lead:lead + n]
+            self.obj = memoryview(self._ba)[lead : lead + n]
         elif kind.startswith("device"):
             self._ptr = rt.device_alloc(self.total)
             self.lead = lead
@@ -193,7 +195,7 @@ class Guarded:
             if data.size:
                 self.rt.memcpy(self._ptr + at, data.ctypes.data, data.size, CopyKind.HOST_TO_DEVICE)
         else:
-            self._arr[at:at + data.size] = data
+            self._arr[at : at + data.size] = data
 
     def fill(self, data: np.ndarray, at: int = 0) -> None:
         """Put data at buffer offset ``at`` (inside the buffer)."""
@@ -212,7 +214,7 @@ class Guarded:
         """The allocation as it must be: poison, with (buffer offset, bytes) extents written."""
         want = np.full(self.total, self.poison, np.uint8)
         for bo, data in extents:
-            want[self.lead + bo:self.lead + bo + data.size] = data
+            want[self.lead + bo : self.lead + bo + data.size] = data
         return want
 
     def mismatch(self, extents, spans=(), tail_zero_ok=()) -> str | None:
@@ -245,8 +247,10 @@ class Guarded:
                     return f"buffer offset {b}, inside the request [{bo}, +{size}) past the {count} bytes it returned"
             return f"buffer offset {b}, outside every request's extent"
 
-        return (f"{bad.size} bytes of the {self.kind} buffer (n={self.n}, address {self.addr:#x}) differ: "
-                f"first at {where(bad[0])} (got {got[bad[0]]:#x}, want {want[bad[0]]:#x}), last at {where(bad[-1])}")
+        return (
+            f"{bad.size} bytes of the {self.kind} buffer (n={self.n}, address {self.addr:#x}) differ: "
+            f"first at {where(bad[0])} (got {got[bad[0]]:#x}, want {want[bad[0]]:#x}), last at {where(bad[-1])}"
+        )
 
     def free(self) -> None:
         if self.registered:

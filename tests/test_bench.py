@@ -17,9 +17,33 @@ REQUIRED = {"op", "impl", "vendor", "warm", "gbps", "cpu_s_per_gb", "threads", "
 def test_phx_bench_records(tmp_path):
     out = tmp_path / "bench.json"
     env = dict(os.environ, PHX_VENDOR="host")
-    cmd = [sys.executable, "-P", "-m", "phoenix.cli.phx", "bench", "--file", str(tmp_path / "b.bin"), "--size", "32M",
-           "--chunk", "4M", "--threads", "2", "--ops", "read,write,randread", "--temperature", "cold,warm",
-           "--reps", "2", "--random-ops", "400", "--json", str(out), "--plot", str(tmp_path / "b.png")]
+    cmd = [
+        sys.executable,
+        "-P",
+        "-m",
+        "phoenix.cli.phx",
+        "bench",
+        "--file",
+        str(tmp_path / "b.bin"),
+        "--size",
+        "32M",
+        "--chunk",
+        "4M",
+        "--threads",
+        "2",
+        "--ops",
+        "read,write,randread",
+        "--temperature",
+        "cold,warm",
+        "--reps",
+        "2",
+        "--random-ops",
+        "400",
+        "--json",
+        str(out),
+        "--plot",
+        str(tmp_path / "b.png"),
+    ]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     recs = json.loads(out.read_text())
@@ -28,10 +52,18 @@ def test_phx_bench_records(tmp_path):
         assert r["vendor"] == "host" and r["test_double"] is True
         assert r["gbps"] > 0 and r["size"] > 0
     have = {(r["op"], r["impl"], r["warm"]) for r in recs if not r.get("first")}
-    for want in [("read", "raw_odirect", False), ("read", "naive", False), ("read", "phoenix", False),
-                 ("write", "raw_odirect", False), ("write", "phoenix", False), ("read", "raw_buffered", True),
-                 ("read", "phoenix", True), ("randread", "raw_odirect", False), ("randread", "phoenix", False),
-                 ("randread", "phoenix_batch", False)]:
+    for want in [
+        ("read", "raw_odirect", False),
+        ("read", "naive", False),
+        ("read", "phoenix", False),
+        ("write", "raw_odirect", False),
+        ("write", "phoenix", False),
+        ("read", "raw_buffered", True),
+        ("read", "phoenix", True),
+        ("randread", "raw_odirect", False),
+        ("randread", "phoenix", False),
+        ("randread", "phoenix_batch", False),
+    ]:
         assert want in have, (want, sorted(have))
     for r in recs:
         if r["op"] == "randread":
@@ -73,13 +105,20 @@ def test_progress_total_matches_the_plan():
     from phoenix.bench.throughput import planned_steps, sequential_plan
 
     for ops, temps, threads, reps, kvikio, vendor in itertools.product(
-            (["read"], ["write"], ["read", "write", "randread"], ["randread"]), (["cold"], ["warm"], ["cold", "warm"]),
-            ([1], [1, 4]), (1, 3), (False, True), ("host", "nvidia")):
+        (["read"], ["write"], ["read", "write", "randread"], ["randread"]),
+        (["cold"], ["warm"], ["cold", "warm"]),
+        ([1], [1, 4]),
+        (1, 3),
+        (False, True),
+        ("host", "nvidia"),
+    ):
         args = argparse.Namespace(ops=ops, temperature=temps, threads=threads, reps=reps)
         plan = sequential_plan(args)
         want = 0
         for temp, op, _ in plan:
-            impls = (["raw", "naive", "phoenix"] if op == "read" else ["raw", "phoenix"]) + (["kvikio"] if kvikio else [])
+            impls = (["raw", "naive", "phoenix"] if op == "read" else ["raw", "phoenix"]) + (
+                ["kvikio"] if kvikio else []
+            )
             want += sum(1 for i in impls if temp == "warm" or i == "kvikio") + len(impls) * reps
         want += (1 + 3 * reps) if "randread" in ops else 0
         want += vendor != "host"
@@ -93,14 +132,30 @@ def test_plot_panels(tmp_path):
     from phoenix.bench.throughput import plot
 
     def rec(op, impl, threads, gbps, **kw):
-        return dict(op=op, impl=impl, threads=threads, gbps=gbps, cpu_s_per_gb=0.1, vendor="host", test_double=True,
-                    chunk=4 << 20, size=1 << 30, warm=kw.pop("warm", False), **kw)
+        return dict(
+            op=op,
+            impl=impl,
+            threads=threads,
+            gbps=gbps,
+            cpu_s_per_gb=0.1,
+            vendor="host",
+            test_double=True,
+            chunk=4 << 20,
+            size=1 << 30,
+            warm=kw.pop("warm", False),
+            **kw,
+        )
 
-    recs = [rec("read", "raw_odirect", 4, 2.0, cache="cold"), rec("read", "phoenix", 4, 2.1, cache="cold"),
-            rec("randread", "raw_odirect", 64, 1.0, iops=16000), rec("randread", "phoenix", 64, 0.9),
-            rec("read", "phoenix", 16, 50.0, cache="warm", warm=True, first=True),
-            rec("write", "phoenix", 1, 1.0, cache="cold"), rec("write", "phoenix", 4, 3.0, cache="cold"),
-            rec("read", "h2d_pinned", 1, 55.0)]
+    recs = [
+        rec("read", "raw_odirect", 4, 2.0, cache="cold"),
+        rec("read", "phoenix", 4, 2.1, cache="cold"),
+        rec("randread", "raw_odirect", 64, 1.0, iops=16000),
+        rec("randread", "phoenix", 64, 0.9),
+        rec("read", "phoenix", 16, 50.0, cache="warm", warm=True, first=True),
+        rec("write", "phoenix", 1, 1.0, cache="cold"),
+        rec("write", "phoenix", 4, 3.0, cache="cold"),
+        rec("read", "h2d_pinned", 1, 55.0),
+    ]
     assert plot(recs, str(tmp_path / "p.png")).startswith("plot written")
     assert (tmp_path / "p.png").stat().st_size > 10000
     assert plot([], str(tmp_path / "q.png")) == "no records to plot"
@@ -119,13 +174,14 @@ def test_interleaved_rotates_the_order():
         def fn():
             calls.append(name)
             return nbytes
+
         return fn
 
     fake = types.SimpleNamespace(prepare_rep=lambda: calls.append("drop"))
     fake.timed = lambda fn, reps: Bench.timed(fake, fn, reps)
     impls = [("a", impl("a", 1)), ("b", impl("b", 2)), ("c", impl("c", 3))]
     got = Bench.interleaved(fake, impls, 4, Progress(12, quiet=True), "{}")
-    assert [c for c in calls if c != "drop"] == list("abc" "bca" "cab" "abc")
+    assert [c for c in calls if c != "drop"] == list("abcbcacababc")
     assert calls.count("drop") == 12  # the cache is dropped before every timed run
     assert {k: (v[0], len(v[3])) for k, v in got.items()} == {"a": (1, 4), "b": (2, 4), "c": (3, 4)}
 
@@ -180,8 +236,12 @@ def test_only_the_cli_imports_the_bench_and_phoenix_has_no_import_cycle():
     import phoenix
 
     graph = _imports(os.path.dirname(os.path.dirname(phoenix.__file__)))
-    outside = sorted(m for m, deps in graph.items() if not m.startswith(("phoenix.bench", "phoenix.cli"))
-                     and any(d == "phoenix.bench" or d.startswith("phoenix.bench.") for d in deps))
+    outside = sorted(
+        m
+        for m, deps in graph.items()
+        if not m.startswith(("phoenix.bench", "phoenix.cli"))
+        and any(d == "phoenix.bench" or d.startswith("phoenix.bench.") for d in deps)
+    )
     assert not outside, f"imports the bench: {outside}"
     # a cycle: a module reachable from itself (depth-first search, gray = on the current path)
     state: dict = {}
@@ -190,7 +250,7 @@ def test_only_the_cli_imports_the_bench_and_phoenix_has_no_import_cycle():
         state[m] = "gray"
         for d in graph.get(m, ()):
             if state.get(d) == "gray":
-                raise AssertionError("import cycle: " + " -> ".join(path[path.index(d):] + [d]))
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(d) :] + [d]))
             if d not in state:
                 visit(d, path + [d])
         state[m] = "black"

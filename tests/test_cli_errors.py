@@ -57,8 +57,12 @@ def modes_hold(tmp_path_factory):
     probe = tmp_path_factory.mktemp("ro") / "probe"
     probe.write_text("x")
     probe.chmod(0o444)
-    p = subprocess.run([sys.executable, "-c", f"open({str(probe)!r}, 'a')"], preexec_fn=_drop_dac_override,
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-c", f"open({str(probe)!r}, 'a')"],
+        preexec_fn=_drop_dac_override,
+        capture_output=True,
+        text=True,
+    )
     if p.returncode == 0:
         pytest.skip("running as root and CAP_DAC_OVERRIDE cannot be dropped: file modes do not hold")
     return _drop_dac_override
@@ -110,8 +114,9 @@ def test_read_only_file_keeps_the_reads(tmp_path, modes_hold):
     path.write_bytes(os.urandom(8 << 20))
     path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
     out = tmp_path / "b.json"
-    p = _run_cmd(PHX + ["bench", "--file", str(path), "--ops", "read,write", "--json", str(out), *SMALL],
-                 preexec_fn=modes_hold)
+    p = _run_cmd(
+        PHX + ["bench", "--file", str(path), "--ops", "read,write", "--json", str(out), *SMALL], preexec_fn=modes_hold
+    )
     assert_one_line(p, "phx bench", "--file", "read-only", "--ops read")
     recs = json.loads(out.read_text())
     assert recs and {r["op"] for r in recs} == {"read"}, recs
@@ -126,14 +131,17 @@ def test_bad_chunk_size_setting(tmp_path):
     assert not (tmp_path / "b.bin").exists()  # refused before anything was written
 
 
-@pytest.mark.parametrize("argv,names", [
-    (["--ops", "raed"], ["--ops", "'raed'", "read, write, randread"]),
-    (["--temperature", "hot"], ["--temperature", "'hot'", "cold, warm"]),
-    (["--size", "abc"], ["--size", "'abc' is not a size", "64M"]),
-    (["--chunk", "0"], ["--chunk", "more than 0"]),
-    (["--threads", "1,x"], ["--threads", "'x'"]),
-    (["--reps", "0"], ["--reps", "at least 1"]),
-])
+@pytest.mark.parametrize(
+    "argv,names",
+    [
+        (["--ops", "raed"], ["--ops", "'raed'", "read, write, randread"]),
+        (["--temperature", "hot"], ["--temperature", "'hot'", "cold, warm"]),
+        (["--size", "abc"], ["--size", "'abc' is not a size", "64M"]),
+        (["--chunk", "0"], ["--chunk", "more than 0"]),
+        (["--threads", "1,x"], ["--threads", "'x'"]),
+        (["--reps", "0"], ["--reps", "at least 1"]),
+    ],
+)
 def test_bad_options_are_refused_in_one_line(argv, names):
     p = _run_cmd(PHX + ["bench", *argv])
     assert_one_line(p, "phx bench", *names, "phx bench --help")
@@ -170,8 +178,9 @@ def test_loader_cuda_without_cuda(tmp_path):
 
 
 def test_loader_vendor_typo_is_not_ignored_for_host_memory(tmp_path):
-    p = _run_cmd(PHX + ["bench", "loader", str(tmp_path / "m.safetensors"), "--device", "cpu"],
-                 env={"PHX_VENDOR": "hots"})
+    p = _run_cmd(
+        PHX + ["bench", "loader", str(tmp_path / "m.safetensors"), "--device", "cpu"], env={"PHX_VENDOR": "hots"}
+    )
     assert_one_line(p, "phx bench loader", "'hots'", "PHX_VENDOR")
 
 
@@ -243,6 +252,7 @@ def test_runner_maps_errors_to_one_line(capsys):
     def boom(exc):
         def fn():
             raise exc
+
         return fn
 
     assert _run.guarded("x", boom(KeyboardInterrupt())) == 130
@@ -260,8 +270,10 @@ def test_runner_maps_errors_to_one_line(capsys):
 
 def test_describe_names_a_file_once():
     assert _run.describe(FileNotFoundError(2, "No such file or directory", "/a/b")) == "/a/b: No such file or directory"
-    assert _run.describe(PermissionError(13, "cannot write /a/b: Permission denied", "/a/b")) == \
-        "cannot write /a/b: Permission denied"
+    assert (
+        _run.describe(PermissionError(13, "cannot write /a/b: Permission denied", "/a/b"))
+        == "cannot write /a/b: Permission denied"
+    )
     assert _run.describe(KeyError("k")) == "k"
 
 

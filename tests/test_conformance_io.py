@@ -38,8 +38,13 @@ def phx_port_test(vendor: str, report_dir: Path, *args: str, env_extra: dict | N
     env = dict(os.environ, **(env_extra or {}))
     for var in ("PHX_VENDOR", "PHX_IO_ENGINE", "PHX_MODE"):  # the run's own choices only
         env.pop(var, None)
-    proc = subprocess.run([*phx_port_command(), "test", vendor, "-q", "--report-dir", str(report_dir), *args],
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [*phx_port_command(), "test", vendor, "-q", "--report-dir", str(report_dir), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     path = report_dir / f"conformance-{vendor}.json"
     report = json.loads(path.read_text()) if path.exists() else None
     return {"rc": proc.returncode, "out": proc.stdout + proc.stderr, "report": report}
@@ -47,15 +52,25 @@ def phx_port_test(vendor: str, report_dir: Path, *args: str, env_extra: dict | N
 
 def io_uring_available() -> tuple[bool, str]:
     code = "import json, phoenix.io as p; print(json.dumps(p.capabilities()['engines']['io_uring']))"
-    proc = subprocess.run([sys.executable, "-c", "import sys; del sys.path[0]; " + code],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; del sys.path[0]; " + code], capture_output=True, text=True, timeout=120
+    )
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     return info["available"], info["why"]
 
 
 def test_io_capabilities_are_listed():
-    assert IO_CAPS == ["io_roundtrip", "io_unaligned", "io_large_offsets", "io_eof", "io_concurrency",
-                       "io_stream_ordering", "io_caller_stream", "io_extents", "io_errors"]
+    assert IO_CAPS == [
+        "io_roundtrip",
+        "io_unaligned",
+        "io_large_offsets",
+        "io_eof",
+        "io_concurrency",
+        "io_stream_ordering",
+        "io_caller_stream",
+        "io_extents",
+        "io_errors",
+    ]
 
 
 @pytest.fixture(scope="module", params=ENGINES)
@@ -157,12 +172,22 @@ def test_broken_data_path_is_caught(tmp_path, vendor):
     vdir = tmp_path / "vendors" / vendor
     vdir.mkdir(parents=True)
     (vdir / "broken.c").write_text(source)
-    subprocess.run([cc, "-O1", "-shared", "-fPIC", "-o", str(vdir / "libbroken.so"), str(vdir / "broken.c")],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [cc, "-O1", "-shared", "-fPIC", "-o", str(vdir / "libbroken.so"), str(vdir / "broken.c")],
+        check=True,
+        capture_output=True,
+    )
     (vdir / "runtime.py").write_text(BROKEN_RUNTIME.format(name=vendor, field=field))
     keyword, capability = DEFECTS[vendor]
-    run = phx_port_test(vendor, tmp_path / "report", "--engine", "threads", "-k", keyword,
-                        env_extra={"PHX_VENDOR_PATH": str(tmp_path / "vendors")})
+    run = phx_port_test(
+        vendor,
+        tmp_path / "report",
+        "--engine",
+        "threads",
+        "-k",
+        keyword,
+        env_extra={"PHX_VENDOR_PATH": str(tmp_path / "vendors")},
+    )
     assert run["report"] is not None, f"no JSON report written; output:\n{run['out'][-3000:]}"
     caps = {c["capability"]: c for c in run["report"]["capabilities"]}
     assert caps[capability]["result"] == "fail", f"{vendor}: {caps[capability]}\n{run['out'][-3000:]}"

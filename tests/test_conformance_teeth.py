@@ -35,6 +35,7 @@ def phx_port_command() -> list[str]:
         return [script]
     return [sys.executable, "-c", "import sys; del sys.path[0]; from phoenix.cli.port import main; sys.exit(main())"]
 
+
 #: broken vendor -> the capability its defect must fail
 DEFECTS = {
     "short_copy": "copies",
@@ -51,9 +52,11 @@ def run_port_test(vendor: str, report_dir: Path) -> dict:
     env = dict(os.environ, PHX_VENDOR_PATH=str(BROKEN_DIR), PHX_HOST_DEVICES="2")
     env.pop("PHX_VENDOR", None)
     proc = subprocess.run(
-        [*phx_port_command(), "test", vendor, "-q", "--report-dir", str(report_dir),
-         "-k", "not 64mib"],
-        env=env, capture_output=True, text=True, timeout=600,
+        [*phx_port_command(), "test", vendor, "-q", "--report-dir", str(report_dir), "-k", "not 64mib"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     report_path = report_dir / f"conformance-{vendor}.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else None

@@ -29,8 +29,11 @@ pytestmark = pytest.mark.skipif(emulator.compiler() is None, reason="no C compil
 def phx_port(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     """The installed ``phx-port`` (not the source tree on the cwd), PHX_VENDOR left to it."""
     script = shutil.which("phx-port", path=os.path.dirname(sys.executable))
-    cmd = [script] if script else [sys.executable, "-c", "import sys; del sys.path[0]; "
-                                   "from phoenix.cli.port import main; sys.exit(main())"]
+    cmd = (
+        [script]
+        if script
+        else [sys.executable, "-c", "import sys; del sys.path[0]; from phoenix.cli.port import main; sys.exit(main())"]
+    )
     env = dict(os.environ, **(env_extra or {}))
     env.pop("PHX_VENDOR", None)
     return subprocess.run([*cmd, *args], env=env, capture_output=True, text=True, timeout=600)
@@ -59,8 +62,17 @@ def test_build_any_prefix(cache):
     with open(os.path.join(emu.root, emulator.MARKER_FILE)) as fh:
         assert "emulated runtime (test double)" in fh.read()
     lib = ctypes.CDLL(emu.library, mode=ctypes.RTLD_LOCAL)
-    for sym in ("zzMalloc", "zzFree", "zzMemcpyAsync", "zzLaunchHostFunc", "zzPointerGetAttributes",
-                "zzGetDeviceProperties", "zzEventRecord", "zzStreamQuery", "zzMemset"):
+    for sym in (
+        "zzMalloc",
+        "zzFree",
+        "zzMemcpyAsync",
+        "zzLaunchHostFunc",
+        "zzPointerGetAttributes",
+        "zzGetDeviceProperties",
+        "zzEventRecord",
+        "zzStreamQuery",
+        "zzMemset",
+    ):
         assert hasattr(lib, sym), sym
     assert not hasattr(lib, "cuInit"), "a driver API is only built when asked for"
     lib.zzGetErrorName.restype = lib.zzGetErrorString.restype = ctypes.c_char_p
@@ -81,12 +93,15 @@ def test_build_is_cached(cache):
     assert other.library != first.library, "another layout is another library"
 
 
-@pytest.mark.parametrize("args, message", [
-    (("1x", "libx.so"), "not a C identifier"),
-    (("mc", "mcruntime.so"), "lib<name>.so"),
-    (("mc", "../libmc.so"), "lib<name>.so"),
-    (("mc", "libmc.so", {"pointer_layout": "sideways"}), "choose one of"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("1x", "libx.so"), "not a C identifier"),
+        (("mc", "mcruntime.so"), "lib<name>.so"),
+        (("mc", "../libmc.so"), "lib<name>.so"),
+        (("mc", "libmc.so", {"pointer_layout": "sideways"}), "choose one of"),
+    ],
+)
 def test_build_refuses_bad_requests(cache, args, message):
     kwargs = args[2] if len(args) > 2 else {}
     with pytest.raises(EmulatorError, match=message):
@@ -150,9 +165,16 @@ def test_vendor_facts_are_declared():
 class DeviceProp(ctypes.Structure):
     """The head of the emulator's phxrtDeviceProp (hostrt.h)."""
 
-    _fields_ = [("name", ctypes.c_char * 256), ("uuid", ctypes.c_ubyte * 16), ("luid", ctypes.c_char * 8),
-                ("luidDeviceNodeMask", ctypes.c_uint), ("totalGlobalMem", ctypes.c_size_t),
-                ("pciBusID", ctypes.c_int), ("pciDeviceID", ctypes.c_int), ("pciDomainID", ctypes.c_int)]
+    _fields_ = [
+        ("name", ctypes.c_char * 256),
+        ("uuid", ctypes.c_ubyte * 16),
+        ("luid", ctypes.c_char * 8),
+        ("luidDeviceNodeMask", ctypes.c_uint),
+        ("totalGlobalMem", ctypes.c_size_t),
+        ("pciBusID", ctypes.c_int),
+        ("pciDeviceID", ctypes.c_int),
+        ("pciDomainID", ctypes.c_int),
+    ]
 
 
 def test_device_properties_and_attributes(cuda_emu):
@@ -269,7 +291,7 @@ def metax_run(tmp_path_factory):
 
 def _check_every_capability_passes(proc, vendor):
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
-    table = proc.stdout[proc.stdout.index(f"phoenix conformance: vendor {vendor}"):]
+    table = proc.stdout[proc.stdout.index(f"phoenix conformance: vendor {vendor}") :]
     assert f"vendor {vendor} (emulated runtime, test double): PASS" in table
     assert "runtime: emulated runtime (test double)" in table
     for cap in CAPS:
@@ -326,8 +348,11 @@ def test_amd_port_uses_hips_own_queries(cache, monkeypatch):
             else:
                 monkeypatch.setenv(key, value)
         with Runtime() as rt:
-            assert {p.pyname for p in rt.extra_protos()} == {"device_name_call", "device_memory_call",
-                                                             "address_range_call"}
+            assert {p.pyname for p in rt.extra_protos()} == {
+                "device_name_call",
+                "device_memory_call",
+                "address_range_call",
+            }
             dev = rt.devices()[0]
             assert dev.name == "Phoenix emulated hip device (test double)" and dev.total_memory > 0
             other = ctypes.c_void_p()  # allocated behind the port's back: the runtime still knows its range
@@ -357,7 +382,8 @@ def test_vendor_that_ignores_the_emulator_fails(tmp_path_factory, tmp_path, cach
     """A port that binds some other library than the emulator it was given fails the run."""
     elsewhere = emulator.build("mc", "libmcruntime.so", pointer_layout="memoryType", cache=cache)
     (tmp_path / "stubborn").mkdir()
-    (tmp_path / "stubborn" / "runtime.py").write_text(textwrap.dedent(f"""
+    (tmp_path / "stubborn" / "runtime.py").write_text(
+        textwrap.dedent(f"""
         from phoenix.cudalike import CudaLikeRuntime, test_double_info
         from phoenix.vendor import Probe
 
@@ -372,9 +398,15 @@ def test_vendor_that_ignores_the_emulator_fails(tmp_path_factory, tmp_path, cach
 
             def library_path(self):
                 return {elsewhere.library!r}  # ignores PHX_STUBBORN_LIBRARY
-    """))
-    proc, _ = _run(tmp_path_factory, "stubborn", "-k", "test_vendor_imports or test_probe_usable or identity",
-                   env_extra={"PHX_VENDOR_PATH": str(tmp_path)})
+    """)
+    )
+    proc, _ = _run(
+        tmp_path_factory,
+        "stubborn",
+        "-k",
+        "test_vendor_imports or test_probe_usable or identity",
+        env_extra={"PHX_VENDOR_PATH": str(tmp_path)},
+    )
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "not the emulated runtime" in proc.stdout and "PHX_STUBBORN_LIBRARY" in proc.stdout
 

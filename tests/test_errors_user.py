@@ -252,16 +252,18 @@ def test_buffer_too_small_host(rt, engine, tmp_path):
             assert "Bad address" not in msg, msg
         with pytest.raises(PhxIOError) as ei:
             f.read(buf, 4000, 512, 100)
-        assert "the buffer holds 4096 bytes; the request needs 4000 from buffer offset 100" in \
-            extent(ei.value, path, 512, 4000, errno.EFAULT)
+        assert "the buffer holds 4096 bytes; the request needs 4000 from buffer offset 100" in extent(
+            ei.value, path, 512, 4000, errno.EFAULT
+        )
         res = pio.batch([(f, buf, 8192, 0, 0, "read"), (f, buf, 4096, 0, 0, "read")])
         assert "the buffer holds 4096 bytes; the request needs 8192" in extent(res[0], path, 0, 8192, errno.EFAULT)
         assert res[1] == 4096
         with pytest.raises(PhxIOError) as ei:
             f.read_many(buf, [0, 8192], [4096, 4096], [0, 1])
         msg = extent(ei.value, path, 8192, 4096, errno.EFAULT)
-        assert "extent 1 of 2" in msg and "the buffer holds 4096 bytes; the request needs 4096 from buffer offset 1" \
-            in msg, msg
+        assert (
+            "extent 1 of 2" in msg and "the buffer holds 4096 bytes; the request needs 4096 from buffer offset 1" in msg
+        ), msg
     assert path.read_bytes() == b"\1" * (1 << 20)
 
 
@@ -272,14 +274,16 @@ def test_buffer_too_small_device(rt, engine, dev, tmp_path):
     with pio.open(path, "r") as f:
         with pytest.raises(PhxIOError) as ei:
             f.read(d.buf(), 1 << 20)
-        assert "the buffer holds 4096 bytes; the request needs 1048576 from buffer offset 0" in \
-            extent(ei.value, path, 0, 1 << 20, errno.EFAULT)
+        assert "the buffer holds 4096 bytes; the request needs 1048576 from buffer offset 0" in extent(
+            ei.value, path, 0, 1 << 20, errno.EFAULT
+        )
         # a buffer that claims more than its allocation: what the allocation holds
         with pytest.raises(PhxIOError) as ei:
             f.read((d.ptr, 8192), 8192, 0)
         msg = extent(ei.value, path, 0, 8192, errno.EFAULT)
-        assert "device allocation" in msg and "holds 4096 bytes; the request needs 8192 from 0 bytes into it" \
-            in msg, msg
+        assert "device allocation" in msg and "holds 4096 bytes; the request needs 8192 from 0 bytes into it" in msg, (
+            msg
+        )
     assert (d.get() == 0xA5).all()
 
 
@@ -332,8 +336,12 @@ def test_errno_classes_are_made_once_and_pickle():
     e = PhxIOError(errno.ENOSPC, "/dev/full", 4096, 100, "pwrite")
     assert str(e) == "/dev/full, offset 4096, length 100: pwrite: No space left on device"
     assert str(PhxIOError(errno.ENODEV, None, 0, 0, "start")) == "start: No such device"
-    for x in (a, e, extent_error("/f", 1, 2, "read", "the buffer holds 1 bytes; the request needs 2 from buffer offset 0"),
-              ArgumentError(errno.EINVAL, "/f", 5, 6, "read", reason="why")):
+    for x in (
+        a,
+        e,
+        extent_error("/f", 1, 2, "read", "the buffer holds 1 bytes; the request needs 2 from buffer offset 0"),
+        ArgumentError(errno.EINVAL, "/f", 5, 6, "read", reason="why"),
+    ):
         y = pickle.loads(pickle.dumps(x))
         assert type(y) is type(x) and str(y) == str(x)
         assert (y.errno, y.filename, y.offset, y.length, y.what) == (x.errno, x.filename, x.offset, x.length, x.what)

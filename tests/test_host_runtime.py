@@ -104,7 +104,11 @@ def raises_named(name):
 def run_child(code: str, **env) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **{k: str(v) for k, v in env.items()}}
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True, text=True, timeout=60,
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
         # not the repository root: `-c` puts the working directory first on sys.path, and the
         # source tree's phoenix/ (without vendors/ or the built core) would shadow the installed one
         cwd=tempfile.gettempdir(),

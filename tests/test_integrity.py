@@ -50,16 +50,23 @@ def rand(n: int, seed: int) -> np.ndarray:
 
 def run_py(code: str, *args, timeout: float = 60) -> subprocess.CompletedProcess:
     env = dict(os.environ, PHX_VENDOR="host", PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], env=env, cwd=HERE,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
+        env=env,
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 # ---- pools and chunks of any accepted size ---------------------------------------------------
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("pool,chunk", [("1M", "8M"), ("16M", "8M"), ("1M", "4K"), ("2M", "12K"),
-                                        ("4M", "20K"), ("auto", "392K")])
+@pytest.mark.parametrize(
+    "pool,chunk", [("1M", "8M"), ("16M", "8M"), ("1M", "4K"), ("2M", "12K"), ("4M", "20K"), ("auto", "392K")]
+)
 def test_small_pools_and_odd_chunks_move_every_byte(rt, tmp_path, engine, pool, chunk):
     """Host memory at an odd address (bounced through slots) and host-vendor device memory
     staged through the pool: writes then reads of odd sizes at odd offsets, every byte,
@@ -87,7 +94,7 @@ def test_small_pools_and_odd_chunks_move_every_byte(rt, tmp_path, engine, pool, 
                 out = np.empty(n + 8192, np.uint8)
                 assert f.write((dev, n + 8192), n, 0, 4096) == n
             rt.memcpy(out.ctypes.data, dev, n + 8192, CopyKind.DEVICE_TO_HOST)
-            assert np.array_equal(out[4096:4096 + n], data)
+            assert np.array_equal(out[4096 : 4096 + n], data)
             assert np.array_equal(np.fromfile(path, np.uint8)[:n], data)
         finally:
             rt.device_free(dev)
@@ -102,8 +109,14 @@ def test_integers_are_checked_at_the_boundary(rt, tmp_path):
     data.tofile(path)
     buf = np.full(16384, 0xA5, np.uint8)
     with pio.open(path, "r+") as f:
-        for kw in ({"file_offset": 2**64}, {"file_offset": 2**64 + 4096}, {"size": 2**63},
-                   {"buf_offset": -1}, {"file_offset": -1}, {"file_offset": 2**63 - 10, "size": 100}):
+        for kw in (
+            {"file_offset": 2**64},
+            {"file_offset": 2**64 + 4096},
+            {"size": 2**63},
+            {"buf_offset": -1},
+            {"file_offset": -1},
+            {"file_offset": 2**63 - 10, "size": 100},
+        ):
             for call in (f.read, f.write, f.pread):
                 with pytest.raises(ArgumentError) as ei:
                     call(buf, **kw)
@@ -139,7 +152,7 @@ def test_element_sizes_come_from_the_exporter(tmp_path, dtype):
     rand(arr.nbytes + 100, 3).tofile(path)
     with pio.open(path) as f:
         assert f.read(arr) == arr.nbytes
-    assert np.array_equal(arr.view(np.uint8), np.fromfile(path, np.uint8)[:arr.nbytes])
+    assert np.array_equal(arr.view(np.uint8), np.fromfile(path, np.uint8)[: arr.nbytes])
 
 
 def test_a_malformed_batch_request_fails_alone(tmp_path):
@@ -157,8 +170,8 @@ def test_a_malformed_batch_request_fails_alone(tmp_path):
     good = [i for i in range(300) if i not in (290, 291, 292)]
     assert all(res[i] == 64 for i in good)
     for i in good:
-        assert np.array_equal(out[i * 64:(i + 1) * 64], data[i * 64:(i + 1) * 64])
-    assert not out[290 * 64:293 * 64].any()
+        assert np.array_equal(out[i * 64 : (i + 1) * 64], data[i * 64 : (i + 1) * 64])
+    assert not out[290 * 64 : 293 * 64].any()
 
 
 def test_read_many_extents_stay_in_their_device_allocation(rt, tmp_path):

@@ -44,8 +44,14 @@ def run_py(code: str, *args, timeout: float = 30.0) -> subprocess.CompletedProce
     """Run code in a fresh interpreter (host vendor); a hang is killed after timeout."""
     env = dict(os.environ, PHX_VENDOR="host", PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
     try:
-        return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], env=env, cwd=HERE,
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
+            env=env,
+            cwd=HERE,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"blocked for {timeout} s (killed): stdout={exc.stdout!r} stderr={exc.stderr!r}")
 
@@ -66,7 +72,8 @@ def test_fifo_open_is_refused_without_blocking(tmp_path):
     twice (buffered, then O_DIRECT) and the second open blocked for a writer forever."""
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    r = run_py("""
+    r = run_py(
+        """
         import errno, os, sys, threading, time
         import phoenix.io as pio
         fifo = sys.argv[1]
@@ -88,7 +95,10 @@ def test_fifo_open_is_refused_without_blocking(tmp_path):
             print("OPENED")
         except OSError as e:
             print("ERRNO", e.errno, e)
-        """, fifo, timeout=10)
+        """,
+        fifo,
+        timeout=10,
+    )
     assert r.returncode == 0, r.stderr
     assert f"ERRNO {errno.ESPIPE}" in r.stdout, r.stdout
 
@@ -170,7 +180,8 @@ def test_symlinks_are_judged_by_what_they_name(tmp_path):
     reg.write_bytes(b"r" * 5000)
     for name, target in (("l_fifo", fifo), ("l_dir", d), ("l_reg", reg)):
         os.symlink(target, tmp_path / name)
-    r = run_py("""
+    r = run_py(
+        """
         import sys
         import numpy as np
         import phoenix.io as pio
@@ -183,7 +194,10 @@ def test_symlinks_are_judged_by_what_they_name(tmp_path):
         with pio.open(sys.argv[1] + "/l_reg") as f:
             b = np.zeros(5000, np.uint8)
             print("l_reg", f.read(b, 5000, 0), bytes(b[:1]).decode())
-        """, tmp_path, timeout=10)
+        """,
+        tmp_path,
+        timeout=10,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["l_fifo", str(errno.ESPIPE), "l_dir", str(errno.EISDIR), "l_reg", "5000", "r"]
 
@@ -252,7 +266,7 @@ def test_from_fd_with_o_append_writes_at_the_offset(tmp_path, engine):
             small = np.arange(3, dtype=np.uint8)
             assert f.write(small, 3, 100) == 3
         want = base.copy()
-        want[4000:4000 + new.size] = new
+        want[4000 : 4000 + new.size] = new
         want[100:103] = small
         got = np.fromfile(path, np.uint8)
         assert got.size == base.size, "a write was appended"
@@ -294,6 +308,7 @@ def test_block_device_size_keeps_the_callers_file_offset(tmp_path):
     """phx_file_size of a block device asked lseek(SEEK_END) on the buffered descriptor:
     for an adopted fd a dup, whose file offset is the caller's."""
     import shutil
+
     if os.geteuid() != 0 or not shutil.which("losetup") or not os.path.exists("/dev/loop-control"):
         pytest.skip("needs root and loop devices")
     img = tmp_path / "blk.img"

@@ -88,9 +88,15 @@ def test_dlpack_producer():
 def test_cuda_array_interface(rt):
     ptr = rt.device_alloc(4096)
     try:
+
         class FakeCuPy:
-            __cuda_array_interface__ = {"data": (ptr, False), "shape": (1024,), "typestr": "<f4", "version": 3,
-                                        "strides": None}
+            __cuda_array_interface__ = {
+                "data": (ptr, False),
+                "shape": (1024,),
+                "typestr": "<f4",
+                "version": 3,
+                "strides": None,
+            }
 
         b = pb.adapt(FakeCuPy(), writable=True)
         assert (b.addr, b.nbytes, b.kind) == (ptr, 4096, "device")

@@ -63,7 +63,7 @@ def test_roundtrip_device(rt, engine, mode, dev, tmp_path, foff, boff, size):
     src = dev(boff + size + 100)
     src.poison()
     full = src.get()
-    full[boff:boff + size] = data
+    full[boff : boff + size] = data
     src.fill(full)
     with ps.override(chunk_size="64K"):
         with pio.open(path, "w") as f:
@@ -86,7 +86,7 @@ def test_roundtrip_host(rt, engine, tmp_path, kind, foff, boff, size):
     data = rand(size, seed=foff)
     n = boff + size + 64
     src = np.full(n, POISON, np.uint8)
-    src[boff:boff + size] = data
+    src[boff : boff + size] = data
     dst_np = np.full(n, POISON, np.uint8)
     if kind == "numpy":
         s_buf, d_buf = src, dst_np
@@ -246,7 +246,7 @@ def test_batch_failed_request_fails_alone(rt, engine, mode, dev, tmp_path):
         if i == 5:
             continue
         assert results[i] == n
-        np.testing.assert_array_equal(got[i * n:(i + 1) * n], data[i * n:(i + 1) * n])
+        np.testing.assert_array_equal(got[i * n : (i + 1) * n], data[i * n : (i + 1) * n])
 
 
 def test_batch_forms_and_futures(rt, tmp_path):
@@ -255,11 +255,14 @@ def test_batch_forms_and_futures(rt, tmp_path):
     with pio.open(path, "w+") as f:
         assert pio.batch([pio.IORequest(f, data, op="write")]) == [3 * 4096]
         out = np.full(3 * 4096, POISON, np.uint8)
-        futs = pio.batch([
-            (f, out, 4096, 0, 0),
-            {"file": f, "buf": out, "size": 4096, "file_offset": 4096, "buf_offset": 4096},
-            pio.IORequest(f, out, 4096, 8192, 8192, "read"),
-        ], wait=False)
+        futs = pio.batch(
+            [
+                (f, out, 4096, 0, 0),
+                {"file": f, "buf": out, "size": 4096, "file_offset": 4096, "buf_offset": 4096},
+                pio.IORequest(f, out, 4096, 8192, 8192, "read"),
+            ],
+            wait=False,
+        )
         assert [fut.result() for fut in futs] == [4096] * 3
     np.testing.assert_array_equal(out, data)
     assert pio.batch([]) == []

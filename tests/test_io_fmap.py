@@ -125,7 +125,7 @@ def test_read_spanning_windows_and_past_eof(rt, dev, tmp_path):
     with fmap(fmap_mode="sync"), pio.open(path) as f:
         # across the border of windows 0 and 1
         assert f.read(d.buf(), 6000, W - 3000, 100) == 6000
-        check_extent(d.get(), data[W - 3000:], 100, 6000)
+        check_extent(d.get(), data[W - 3000 :], 100, 6000)
         assert pio.fmap_info()["windows"] == 2
         # across all three windows, running past the end of the file: a short count
         d.poison()
@@ -154,7 +154,7 @@ def test_write_through_phoenix_invalidates(rt, dev, tmp_path):
         assert pio._fmap_lookup(f, W, 10) is None
         # the others are dropped at their next lookup: the write changed the file's mtime
         assert pio._fmap_lookup(f, 0, 10) is None
-        data[W + 100:W + 5100] = new
+        data[W + 100 : W + 5100] = new
         d.poison()
         assert f.read(d.buf()) == size
         check_extent(d.get(), data, 0, size)
@@ -163,7 +163,7 @@ def test_write_through_phoenix_invalidates(rt, dev, tmp_path):
         src_bytes = np.random.default_rng(10).integers(0, 256, W, dtype=np.uint8)
         rt.memcpy(src.ptr, src_bytes.ctypes.data, W, CopyKind.HOST_TO_DEVICE)
         assert f.write(src.buf(), 1000, 2 * W + 10) == 1000
-        data[2 * W + 10:2 * W + 1010] = src_bytes[:1000]
+        data[2 * W + 10 : 2 * W + 1010] = src_bytes[:1000]
         assert pio._fmap_lookup(f, 2 * W, 10) is None
         d.poison()
         assert f.read(d.buf()) == size
@@ -187,7 +187,7 @@ def test_external_modification_invalidates(rt, dev, tmp_path):
             g.seek(12345)
             g.write(new.tobytes())
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-        data[12345:12345 + 4096] = new
+        data[12345 : 12345 + 4096] = new
         d.poison()
         m0 = pio.stats()["fmap_misses"]
         assert f.read(d.buf(), size) == size
@@ -217,7 +217,7 @@ def test_eviction_under_a_tiny_budget(rt, dev, tmp_path):
             for w in range(5):
                 d.poison()
                 assert f.read(d.buf(), W, w * W) == W
-                check_extent(d.get(), data[w * W:], 0, W)
+                check_extent(d.get(), data[w * W :], 0, W)
                 st = pio.stats()
                 assert st["fmap_bytes"] <= 2 * W and st["fmap_windows"] <= 2
         info = pio.fmap_info()

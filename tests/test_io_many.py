@@ -54,7 +54,7 @@ def test_gather_into_device_memory_every_byte(rt, engine, mode, dev, data_file):
     out = d.get()
     want = np.full(d.n, POISON, np.uint8)
     for o, s, b in zip(fo, sz, bo, strict=True):
-        want[b:b + s] = data[o:o + s]
+        want[b : b + s] = data[o : o + s]
     np.testing.assert_array_equal(out, want)
 
 
@@ -65,9 +65,9 @@ def test_gather_packed_by_default_into_host_memory(rt, engine, data_file):
     with pio.open(path, "r") as f:
         got = f.read_many(buf, list(fo), list(sz))  # sequences, no buffer offsets: packed in order
     np.testing.assert_array_equal(got, sz)
-    want = np.concatenate([data[o:o + s] for o, s in zip(fo, sz, strict=True)])
-    np.testing.assert_array_equal(buf[:want.size], want)
-    assert (buf[want.size:] == POISON).all()
+    want = np.concatenate([data[o : o + s] for o, s in zip(fo, sz, strict=True)])
+    np.testing.assert_array_equal(buf[: want.size], want)
+    assert (buf[want.size :] == POISON).all()
 
 
 def test_scatter_from_device_memory_then_read_back(rt, engine, dev, tmp_path):
@@ -88,7 +88,7 @@ def test_scatter_from_device_memory_then_read_back(rt, engine, dev, tmp_path):
     np.testing.assert_array_equal(got, sz)
     pos = 0
     for o, s in zip(fo, sz, strict=True):
-        ref[o:o + s] = src[pos:pos + s]
+        ref[o : o + s] = src[pos : pos + s]
         pos += s
     np.testing.assert_array_equal(np.fromfile(path, np.uint8), ref)
 
@@ -146,9 +146,9 @@ def test_extent_across_registrations_fails_alone(rt, engine, dev, data_file):
             got = f.read_many(d.buf(), fo, sz, bo, check=False)
         np.testing.assert_array_equal(got, [5000, -errno.EFAULT, 5000, 5000])
         out = d.get()
-        assert (out[region - 100:region + 4900] == POISON).all(), "the refused extent moved bytes"
+        assert (out[region - 100 : region + 4900] == POISON).all(), "the refused extent moved bytes"
         for i in (0, 2, 3):
-            np.testing.assert_array_equal(out[bo[i]:bo[i] + sz[i]], data[fo[i]:fo[i] + sz[i]])
+            np.testing.assert_array_equal(out[bo[i] : bo[i] + sz[i]], data[fo[i] : fo[i] + sz[i]])
     finally:
         for k in range(4):
             pio.deregister((d.ptr + k * region, region))
@@ -170,16 +170,19 @@ def test_failed_extent_fails_alone(rt, engine, dev, data_file):
     out, pos = d.get(), np.r_[0, np.cumsum(sz)]
     for i in range(50):
         if i not in bad:
-            np.testing.assert_array_equal(out[pos[i]:pos[i + 1]], data[fo[i]:fo[i] + sz[i]])
+            np.testing.assert_array_equal(out[pos[i] : pos[i + 1]], data[fo[i] : fo[i] + sz[i]])
 
 
-@pytest.mark.parametrize("args,exc", [
-    (([0, 1], [1, 2, 3]), ValueError),          # lengths differ
-    (([0.5], [4]), TypeError),                   # not integers
-    (([-1], [4]), PhxIOError),                   # negative file offset
-    (([0], [-4]), PhxIOError),                   # negative size
-    (([0, 1], [4, 4], [0, -3]), PhxIOError),     # negative buffer offset
-])
+@pytest.mark.parametrize(
+    "args,exc",
+    [
+        (([0, 1], [1, 2, 3]), ValueError),  # lengths differ
+        (([0.5], [4]), TypeError),  # not integers
+        (([-1], [4]), PhxIOError),  # negative file offset
+        (([0], [-4]), PhxIOError),  # negative size
+        (([0, 1], [4, 4], [0, -3]), PhxIOError),  # negative buffer offset
+    ],
+)
 def test_bad_arguments_are_refused(rt, data_file, args, exc):
     path, _ = data_file
     buf = np.full(64, POISON, np.uint8)

@@ -19,7 +19,13 @@ def test_environment_and_layers(monkeypatch):
     monkeypatch.setenv("PHX_IO_ENGINE", "threads")
     s = ps.get()
     assert (s.threads, s.chunk_size, s.queue_depth, s.bounce_pool_size, s.mode, s.engine) == (
-        3, 1 << 20, 7, 64 << 20, "staged", "threads")
+        3,
+        1 << 20,
+        7,
+        64 << 20,
+        "staged",
+        "threads",
+    )
     try:
         ps.set(threads=5)
         assert ps.get().threads == 5
@@ -36,13 +42,16 @@ def test_environment_and_layers(monkeypatch):
     assert ps.get().threads == 3
 
 
-@pytest.mark.parametrize("var,value,msg", [
-    ("PHX_THREADS", "0", "between 1 and 1024"),
-    ("PHX_CHUNK_SIZE", "1000", "multiple of 4096"),
-    ("PHX_QUEUE_DEPTH", "lots", "not an integer"),
-    ("PHX_MODE", "fast", "auto, staged, direct"),
-    ("PHX_IO_ENGINE", "aio", "auto, io_uring, threads"),
-])
+@pytest.mark.parametrize(
+    "var,value,msg",
+    [
+        ("PHX_THREADS", "0", "between 1 and 1024"),
+        ("PHX_CHUNK_SIZE", "1000", "multiple of 4096"),
+        ("PHX_QUEUE_DEPTH", "lots", "not an integer"),
+        ("PHX_MODE", "fast", "auto, staged, direct"),
+        ("PHX_IO_ENGINE", "aio", "auto, io_uring, threads"),
+    ],
+)
 def test_bad_environment_names_the_variable(monkeypatch, var, value, msg):
     monkeypatch.setenv(var, value)
     with pytest.raises(ValueError, match=msg) as ei:

@@ -19,8 +19,17 @@ import phoenix.settings as ps
 from phoenix.vendor import CopyKind
 
 THREADS, OPS, REGION = 8, 200, (1 << 20) + 1000  # regions share pages at their borders
-LIVE = ("contexts", "threads", "files", "requests", "stream_ops", "registrations", "worker_streams",
-        "bounce_bytes", "bounce_in_use")
+LIVE = (
+    "contexts",
+    "threads",
+    "files",
+    "requests",
+    "stream_ops",
+    "registrations",
+    "worker_streams",
+    "bounce_bytes",
+    "bounce_in_use",
+)
 
 
 def worker(rt, f, tid: int, errors: list, stream: int):
@@ -45,21 +54,21 @@ def worker(rt, f, tid: int, errors: list, stream: int):
                         rt.memcpy(dev + boff, data.ctypes.data, size, CopyKind.HOST_TO_DEVICE)
                         buf = (dev, REGION + 8192)
                     else:
-                        host[boff:boff + size] = data
+                        host[boff : boff + size] = data
                         buf = host
                     if kind < 0.15 and on_device:
                         n = f.write_async(buf, size, base + off, boff, stream).result()
                     else:
                         n = f.write(buf, size, base + off, boff)
                     assert n == size
-                    ref[off:off + size] = data
+                    ref[off : off + size] = data
                 else:
                     if on_device:
                         fill = np.full(size, 0xEE, np.uint8)
                         rt.memcpy(dev + boff, fill.ctypes.data, size, CopyKind.HOST_TO_DEVICE)
                         buf = (dev, REGION + 8192)
                     else:
-                        host[boff:boff + size] = 0xEE
+                        host[boff : boff + size] = 0xEE
                         buf = host
                     if kind < 0.15 and on_device:
                         n = f.read_async(buf, size, base + off, boff, stream).result()
@@ -70,11 +79,13 @@ def worker(rt, f, tid: int, errors: list, stream: int):
                         got = np.empty(size, np.uint8)
                         rt.memcpy(got.ctypes.data, dev + boff, size, CopyKind.DEVICE_TO_HOST)
                     else:
-                        got = host[boff:boff + size]
-                    if not np.array_equal(got, ref[off:off + size]):
-                        bad = int(np.argmax(got != ref[off:off + size]))
-                        raise AssertionError(f"thread {tid} op {i}: {mode} {'dev' if on_device else 'host'} read "
-                                             f"[{off}, +{size}) differs at +{bad}")
+                        got = host[boff : boff + size]
+                    if not np.array_equal(got, ref[off : off + size]):
+                        bad = int(np.argmax(got != ref[off : off + size]))
+                        raise AssertionError(
+                            f"thread {tid} op {i}: {mode} {'dev' if on_device else 'host'} read "
+                            f"[{off}, +{size}) differs at +{bad}"
+                        )
     except BaseException as exc:  # noqa: BLE001 (reported by the main thread)
         errors.append(exc)
     finally:

@@ -42,9 +42,20 @@ BACKENDS = (
     "(metax_p2p_acquire_mem not found) (-2)\n"
     "nvidia unavailable devices=0 page_size=65536 reason: the NVIDIA driver is not loaded (...) (-2)\n"
 )
-HOST0 = {"vendor": "host", "ordinal": "0", "page_size": "65536", "map_mode": "full", "pci_bdf": "0000:00:01.0",
-         "bar": "2", "bar_size": "134217728", "max_map": "134217728", "mappings": "0", "pinned_bytes": "0",
-         "reclaims": "0", "abi": "1"}
+HOST0 = {
+    "vendor": "host",
+    "ordinal": "0",
+    "page_size": "65536",
+    "map_mode": "full",
+    "pci_bdf": "0000:00:01.0",
+    "bar": "2",
+    "bar_size": "134217728",
+    "max_map": "134217728",
+    "mappings": "0",
+    "pinned_bytes": "0",
+    "reclaims": "0",
+    "abi": "1",
+}
 
 
 def fake_tree(tmp_path, files: dict[str, str], dev_nodes=("phx_host0",), mode=0o600):
@@ -62,8 +73,11 @@ def fake_tree(tmp_path, files: dict[str, str], dev_nodes=("phx_host0",), mode=0o
 
 
 def loaded_tree(tmp_path, **kw):
-    files = {"/sys/module/phx_core/initstate": "live\n", "/sys/class/phx/backends": BACKENDS,
-             "/sys/class/phx/abi": "ioctl=1 p2p=1\n"}
+    files = {
+        "/sys/module/phx_core/initstate": "live\n",
+        "/sys/class/phx/backends": BACKENDS,
+        "/sys/class/phx/abi": "ioctl=1 p2p=1\n",
+    }
     files.update({f"/sys/class/phx/phx_host0/{k}": v + "\n" for k, v in HOST0.items()})
     return fake_tree(tmp_path, files, **kw)
 
@@ -88,7 +102,13 @@ def test_backends_devices_and_reasons(tmp_path):
     assert not bes["amd"].available and bes["amd"].reason.startswith("the AMD driver is not loaded")
     (d,) = kmod.devices("host", sysfs, dev)
     assert (d.name, d.path, d.ordinal, d.bar, d.bar_size, d.map_mode) == (
-        "phx_host0", os.path.join(dev, "phx_host0"), 0, 2, 128 << 20, "full")
+        "phx_host0",
+        os.path.join(dev, "phx_host0"),
+        0,
+        2,
+        128 << 20,
+        "full",
+    )
     ok, why = kmod.direct_status("host", 0, page_size=65536, sysfs=sysfs, dev=dev)
     if os.geteuid() == 0 or os.access(d.path, os.R_OK | os.W_OK):
         assert ok, why
@@ -129,7 +149,7 @@ def test_window_rounds_to_pages():
     d.page_size = 65536
     assert d.window(0x10000, 0x10000) == (0x10000, 0x10000, 0)
     assert d.window(0x10100, 0x100) == (0x10000, 0x10000, 0x100)
-    assert d.window(0x1ff00, 0x200) == (0x10000, 0x20000, 0xff00)
+    assert d.window(0x1FF00, 0x200) == (0x10000, 0x20000, 0xFF00)
 
 
 @pytest.mark.skipif(not shutil.which("gcc"), reason="gcc is not installed")
@@ -138,14 +158,16 @@ def test_ioctl_numbers_match_the_header(tmp_path):
     src.write_text(
         '#include <stdio.h>\n#include "phx_ioctl.h"\nint main(void) {\n'
         '  printf("%lu %lu %lu %d\\n", (unsigned long)PHX_IOC_INFO, (unsigned long)PHX_IOC_MAP,\n'
-        '         (unsigned long)PHX_IOC_UNMAP, PHX_IOCTL_ABI);\n  return 0;\n}\n')
+        "         (unsigned long)PHX_IOC_UNMAP, PHX_IOCTL_ABI);\n  return 0;\n}\n"
+    )
     exe = tmp_path / "ioc"
     r = subprocess.run(["gcc", "-I", KERNEL, "-o", str(exe), str(src)], capture_output=True, text=True)
     if r.returncode and "linux/types.h" in r.stderr:
         pytest.skip("linux-libc-dev (linux/types.h) is not installed")
     assert r.returncode == 0, r.stderr
-    info, map_, unmap, abi = map(int, subprocess.run([str(exe)], capture_output=True, text=True,
-                                                      check=True).stdout.split())
+    info, map_, unmap, abi = map(
+        int, subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
+    )
     assert (info, map_, unmap, abi) == (kmod.PHX_IOC_INFO, kmod.PHX_IOC_MAP, kmod.PHX_IOC_UNMAP, kmod.IOCTL_ABI)
 
 
@@ -153,8 +175,10 @@ def test_ioctl_numbers_match_the_header(tmp_path):
 
 
 def headers_dir() -> str | None:
-    found = sorted(glob.glob("/usr/src/linux-headers-*-amd64"), key=lambda p: [int(x) if x.isdigit() else x
-                                                                                for x in re.split(r"(\d+)", p)])
+    found = sorted(
+        glob.glob("/usr/src/linux-headers-*-amd64"),
+        key=lambda p: [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", p)],
+    )
     return found[-1] if found and os.path.exists(os.path.join(found[-1], "Makefile")) else None
 
 
@@ -165,20 +189,27 @@ def built(tmp_path_factory):
         pytest.skip("PHX_KERNEL_TEST=0")
     hdr = headers_dir()
     if not hdr:
-        pytest.skip("Debian's kernel headers are not installed (apt-get install linux-headers-amd64; "
-                    "kernel/ci.sh installs everything)")
+        pytest.skip(
+            "Debian's kernel headers are not installed (apt-get install linux-headers-amd64; "
+            "kernel/ci.sh installs everything)"
+        )
     if not shutil.which("make") or not shutil.which("gcc"):
         pytest.skip("make and gcc are needed to build the modules")
     build = str(tmp_path_factory.mktemp("kbuild"))
     target = "check" if shutil.which("sparse") else "modules"
-    r = subprocess.run(["make", "-C", KERNEL, f"KDIR={hdr}", f"BUILD={build}", target, "ktest"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["make", "-C", KERNEL, f"KDIR={hdr}", f"BUILD={build}", target, "ktest"], capture_output=True, text=True
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
     findings = [line for line in out.splitlines() if re.search(r"(warning|error):", line)]
     assert not findings, "\n".join(findings)
-    return {"dir": build, "headers": hdr, "krel": os.path.basename(hdr).removeprefix("linux-headers-"),
-            "sparse": target == "check"}
+    return {
+        "dir": build,
+        "headers": hdr,
+        "krel": os.path.basename(hdr).removeprefix("linux-headers-"),
+        "sparse": target == "check",
+    }
 
 
 @skip_heavy
@@ -190,8 +221,10 @@ def test_modules_build_with_werror(built):
         assert b"license=GPL" in data, f"{ko} must be GPL (memremap_pages is EXPORT_SYMBOL_GPL)"
         assert f"vermagic={built['krel']} ".encode() in data
     # the vendors' P2P interfaces are resolved with symbol_get at load time, never linked
-    for ko, sym, prefix in (("phx_nvidia.ko", b"nvidia_p2p_get_pages", b"nvidia"),
-                            ("phx_amd.ko", b"amdkfd_query_rdma_interface", b"amdkfd")):
+    for ko, sym, prefix in (
+        ("phx_nvidia.ko", b"nvidia_p2p_get_pages", b"nvidia"),
+        ("phx_amd.ko", b"amdkfd_query_rdma_interface", b"amdkfd"),
+    ):
         data = open(os.path.join(built["dir"], ko), "rb").read()
         assert sym in data, ko
         assert not re.search(rb"__ksymtab_" + prefix + rb"|__crc_" + prefix, data), ko
@@ -203,7 +236,8 @@ def test_modules_build_with_werror(built):
 def image_root(krel: str) -> str | None:
     for root in (os.environ.get("PHX_KIMAGE_DIR", "/var/cache/phx-kimage") + f"/{krel}", "/"):
         if os.path.exists(os.path.join(root, "boot", f"vmlinuz-{krel}")) and os.path.isdir(
-                os.path.join(root, "lib", "modules", krel, "kernel")):
+            os.path.join(root, "lib", "modules", krel, "kernel")
+        ):
             return root
     return None
 
@@ -213,28 +247,51 @@ def image_root(krel: str) -> str | None:
 def test_direct_path_in_qemu(built, tmp_path):
     """O_DIRECT into and out of ZONE_DEVICE pages over a fake accelerator's BAR, in a VM."""
     root = image_root(built["krel"])
-    missing = [what for what, ok in (
-        (f"the kernel image {built['krel']} (linux-image-{built['krel']}, or kernel/ci.sh)", root),
-        ("qemu-system-x86_64 (qemu-system-x86)", shutil.which("qemu-system-x86_64")),
-        ("busybox (busybox-static)", shutil.which("busybox") or os.path.exists("/bin/busybox")),
-        ("mkfs.ext4 and debugfs (e2fsprogs)", shutil.which("mkfs.ext4") and shutil.which("debugfs")),
-    ) if not ok]
+    missing = [
+        what
+        for what, ok in (
+            (f"the kernel image {built['krel']} (linux-image-{built['krel']}, or kernel/ci.sh)", root),
+            ("qemu-system-x86_64 (qemu-system-x86)", shutil.which("qemu-system-x86_64")),
+            ("busybox (busybox-static)", shutil.which("busybox") or os.path.exists("/bin/busybox")),
+            ("mkfs.ext4 and debugfs (e2fsprogs)", shutil.which("mkfs.ext4") and shutil.which("debugfs")),
+        )
+        if not ok
+    ]
     if missing:
         pytest.skip("not installed: " + ", ".join(missing))
     dump = tmp_path / "sysfs.json"
-    r = subprocess.run([sys.executable, os.path.join(KERNEL, "qemu", "run.py"), "--build", built["dir"],
-                        "--root", root, "--krel", built["krel"], "--sysfs-dump", str(dump),
-                        "--timeout", os.environ.get("PHX_KTEST_TIMEOUT", "300")],
-                       capture_output=True, text=True, timeout=int(os.environ.get("PHX_KTEST_TIMEOUT", "300")) + 120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(KERNEL, "qemu", "run.py"),
+            "--build",
+            built["dir"],
+            "--root",
+            root,
+            "--krel",
+            built["krel"],
+            "--sysfs-dump",
+            str(dump),
+            "--timeout",
+            os.environ.get("PHX_KTEST_TIMEOUT", "300"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=int(os.environ.get("PHX_KTEST_TIMEOUT", "300")) + 120,
+    )
     out = r.stdout + r.stderr
     summary = [line for line in out.splitlines() if line.startswith("PHX-KERNEL-TEST")]
     print("\n" + "\n".join(summary))
     assert r.returncode == 0 and summary and "PASS" in summary[0], out[-12000:]
     m = re.search(r"PASS: (\d+) bytes verified in the guest, (\d+) bytes verified from the host", summary[0])
     assert m and int(m.group(1)) >= 128 << 20 and int(m.group(2)) >= 80 << 20
-    for needle in ("kill -9 during O_DIRECT I/O: mappings released", "unloaded cleanly",
-                   "touching a revoked mapping -> SIGBUS", "MAP overflowing range (end past 2^64)",
-                   "child: UNMAP the parent's mapping (inherited fd)"):
+    for needle in (
+        "kill -9 during O_DIRECT I/O: mappings released",
+        "unloaded cleanly",
+        "touching a revoked mapping -> SIGBUS",
+        "MAP overflowing range (end past 2^64)",
+        "child: UNMAP the parent's mapping (inherited fd)",
+    ):
         assert needle in out, f"the guest did not report: {needle}"
 
     # what the real kernel published, read through kmod

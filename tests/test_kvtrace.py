@@ -61,8 +61,10 @@ def test_reader_round_trips_the_writer(tmp_path):
 
 def test_reader_takes_a_json_document_and_defaults_the_prefix(tmp_path):
     path = tmp_path / "t.json"
-    rounds = [{"session": "a", "round": 0, "input_tokens": 1000, "output_tokens": 10},
-              {"session": "a", "round": 1, "input_tokens": 1500, "output_tokens": 5, "think_s": 2.5}]
+    rounds = [
+        {"session": "a", "round": 0, "input_tokens": 1000, "output_tokens": 10},
+        {"session": "a", "round": 1, "input_tokens": 1500, "output_tokens": 5, "think_s": 2.5},
+    ]
     path.write_text(json.dumps({"format": kvtrace.FORMAT, "rounds": rounds}))
     t = kvtrace.read_trace(str(path))
     assert [(r.prefix_tokens, r.new_tokens) for r in t.sessions[0].rounds] == [(0, 1000), (1010, 490)]
@@ -70,8 +72,10 @@ def test_reader_takes_a_json_document_and_defaults_the_prefix(tmp_path):
 
 def test_reader_rejects_a_prefix_longer_than_the_context(tmp_path):
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"session": 1, "round": 0, "input_tokens": 100, "prefix_tokens": 0, "output_tokens": 1}\n'
-                    '{"session": 1, "round": 1, "input_tokens": 300, "prefix_tokens": 200, "output_tokens": 1}\n')
+    path.write_text(
+        '{"session": 1, "round": 0, "input_tokens": 100, "prefix_tokens": 0, "output_tokens": 1}\n'
+        '{"session": 1, "round": 1, "input_tokens": 300, "prefix_tokens": 200, "output_tokens": 1}\n'
+    )
     with pytest.raises(ValueError, match="prefix_tokens=200"):
         kvtrace.read_trace(str(path))
 
@@ -184,10 +188,27 @@ def test_a_point_that_loaded_nothing_from_a_tier_is_flagged():
     from phoenix.bench.kvtrace.cli import tier_warnings
 
     def rec(config, conc, dram, ssd):
-        counts = {"hbm_hits": 5, "dram_loads": dram, "ssd_loads": ssd, "recomputes": 0, "bytes_loaded_dram": 0,
-                  "bytes_loaded_ssd": 0}
-        r = {"config": config, "concurrency": conc, "rounds": 3, "qps": 1.0, "ttft_mean_s": 0.1, "ttft_p50_s": 0.1,
-             "ttft_p99_s": 0.2, "counts": counts, "verified": True, "under_threshold": True, "threshold_s": 5.0}
+        counts = {
+            "hbm_hits": 5,
+            "dram_loads": dram,
+            "ssd_loads": ssd,
+            "recomputes": 0,
+            "bytes_loaded_dram": 0,
+            "bytes_loaded_ssd": 0,
+        }
+        r = {
+            "config": config,
+            "concurrency": conc,
+            "rounds": 3,
+            "qps": 1.0,
+            "ttft_mean_s": 0.1,
+            "ttft_p50_s": 0.1,
+            "ttft_p99_s": 0.2,
+            "counts": counts,
+            "verified": True,
+            "under_threshold": True,
+            "threshold_s": 5.0,
+        }
         r["warnings"] = tier_warnings(r)
         return r
 

@@ -67,8 +67,11 @@ def rt(clean_env, maca):
 
 def phx_info(env: dict) -> subprocess.CompletedProcess:
     script = shutil.which("phx", path=os.path.dirname(sys.executable))
-    cmd = [script] if script else [sys.executable, "-c", "import sys; del sys.path[0]; "
-                                   "from phoenix.cli.phx import main; sys.exit(main())"]
+    cmd = (
+        [script]
+        if script
+        else [sys.executable, "-c", "import sys; del sys.path[0]; from phoenix.cli.phx import main; sys.exit(main())"]
+    )
     return subprocess.run([*cmd, "info"], env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -80,8 +83,13 @@ def test_phx_info_without_maca(tmp_path):
     assert proc.returncode != 0, "metax requested explicitly and unavailable: phx info must fail"
     out = proc.stdout
     assert "libmcruntime.so not found" in out
-    for place in ("$MACA_PATH/lib (unset)", f"$MACA_HOME/lib: {tmp_path}/nothing/lib/libmcruntime.so (no such file)",
-                  "$MACA_ROOT/lib (unset)", "/opt/maca/lib", "the loader's path"):
+    for place in (
+        "$MACA_PATH/lib (unset)",
+        f"$MACA_HOME/lib: {tmp_path}/nothing/lib/libmcruntime.so (no such file)",
+        "$MACA_ROOT/lib (unset)",
+        "/opt/maca/lib",
+        "the loader's path",
+    ):
         assert place in out, f"{place!r} missing from:\n{out}"
 
 
@@ -157,6 +165,7 @@ def test_error_carries_maca_name_and_string(rt):
 
 def test_zero_sizes_refused_by_the_port(rt, monkeypatch):
     """MACA, like CUDA, may answer Malloc(0) with success and NULL: the port refuses before asking."""
+
     def permissive(ptr, size):
         return 0
 
@@ -246,6 +255,7 @@ def test_layout_forced_refuses_a_bad_name(clean_env, maca):
 
 def test_an_emulator_is_never_picked_up_on_the_way(clean_env, tmp_path, maca):
     """A test double at a place the operator did not name (the default root, the loader's path) is passed over."""
+
     class Installed(metax.Runtime):  # MACA's default root holding an emulator
         default_root = maca
 

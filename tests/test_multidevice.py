@@ -80,6 +80,12 @@ print("OK", st["chunks_staged"])
 @pytest.mark.parametrize("engine", ["io_uring", "threads"])
 def test_two_devices_concurrent_staged_io(tmp_path, engine):
     env = {**os.environ, "PHX_HOST_DEVICES": "2", "PHX_VENDOR": "host", "PHX_IO_ENGINE": engine}
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(CHILD), str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=120, cwd=tempfile.gettempdir())
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(CHILD), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tempfile.gettempdir(),
+    )
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr

@@ -180,8 +180,9 @@ def test_info_and_stats_report_the_pinned_bytes(rt, dev, tmp_path):
         assert "64.0 MiB" in fm["why"] and "7 s" in fm["why"] and "PHX_FMAP_MODE=off" in fm["why"]
         assert caps["settings"]["fmap_idle"] == 7
     env = dict(os.environ, PHX_VENDOR="host", PHX_FMAP_CACHE="96M", PHX_FMAP_IDLE="12")
-    out = subprocess.run([sys.executable, "-m", "phoenix.cli.phx", "info"], env=env, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "phoenix.cli.phx", "info"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert "fmap_cache: 96.0 MiB" in out.stdout and "fmap_idle: 12 s" in out.stdout
     assert "page-cache windows pinned: 0 B in 0 windows (budget 96.0 MiB, released after 12 s unread" in out.stdout

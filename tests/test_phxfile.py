@@ -95,8 +95,15 @@ class Submission:
         self.result = ctypes.c_int64(-12345)
 
     def submit(self, fn, fh, buf_base, stream) -> int:
-        return fn(fh, ctypes.c_void_p(buf_base), ctypes.byref(self.size), ctypes.byref(self.file_offset),
-                  ctypes.byref(self.buf_offset), ctypes.byref(self.result), ctypes.c_void_p(stream))
+        return fn(
+            fh,
+            ctypes.c_void_p(buf_base),
+            ctypes.byref(self.size),
+            ctypes.byref(self.file_offset),
+            ctypes.byref(self.buf_offset),
+            ctypes.byref(self.result),
+            ctypes.c_void_p(stream),
+        )
 
 
 def _regions(total: int):
@@ -118,8 +125,9 @@ def test_exports_exactly_the_ten_symbols():
     nm = shutil.which("nm")
     if nm is None:
         pytest.skip("nm (binutils) not installed")
-    out = subprocess.run([nm, "-D", "--defined-only", phxfile.library_path()], check=True, capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(
+        [nm, "-D", "--defined-only", phxfile.library_path()], check=True, capture_output=True, text=True
+    ).stdout
     names = sorted(line.split()[-1] for line in out.splitlines() if line.strip())
     assert names == sorted(phxfile.SYMBOLS), out
     assert len(names) == 10
@@ -330,17 +338,27 @@ def test_found_the_way_lmcache_looks_with_ld_library_path():
     """What env_hint says to set works for LMCache's lookup (find_library, else the bare name)."""
     import sys
 
-    code = ("import ctypes, ctypes.util; p = ctypes.util.find_library('phxfile') or 'libphxfile.so'; "
-            "lib = ctypes.CDLL(p); print(p, hasattr(lib, 'phxFileReadAsync'))")
+    code = (
+        "import ctypes, ctypes.util; p = ctypes.util.find_library('phxfile') or 'libphxfile.so'; "
+        "lib = ctypes.CDLL(p); print(p, hasattr(lib, 'phxFileReadAsync'))"
+    )
     env = dict(os.environ, LD_LIBRARY_PATH=phxfile.library_dir())
     # a neutral working directory: `-c` puts it first on sys.path, and a checkout's phoenix/
     # source tree would shadow the installed package
     cwd = tempfile.gettempdir()
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=cwd).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=cwd
+    ).stdout
     assert out.split()[-1] == "True", out
     env["LD_LIBRARY_PATH"] = ""
-    out = subprocess.run([sys.executable, "-c", "from phoenix import phxfile; print(phxfile.env_hint())"], env=env,
-                         capture_output=True, text=True, check=True, cwd=cwd).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", "from phoenix import phxfile; print(phxfile.env_hint())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=cwd,
+    ).stdout
     assert f"export LD_LIBRARY_PATH={phxfile.library_dir()}" in out
 
 
@@ -354,10 +372,11 @@ def test_outside_python_every_call_says_enosys(tmp_path):
     src.write_text(
         "#include <dlfcn.h>\n#include <stdio.h>\n"
         "int main(int c, char **v) { void *h = dlopen(v[1], RTLD_NOW); if (!h) { puts(dlerror()); return 2; }\n"
-        "  int (*op)(void) = (int (*)(void))dlsym(h, \"phxFileDriverOpen\");\n"
-        "  int (*cl)(void) = (int (*)(void))dlsym(h, \"phxFileDriverClose\");\n"
-        "  int (*dr)(const void *) = (int (*)(const void *))dlsym(h, \"phxFileBufDeregister\");\n"
-        "  printf(\"%d %d %d\\n\", op(), dr((void *)4096), cl()); return 0; }\n")
+        '  int (*op)(void) = (int (*)(void))dlsym(h, "phxFileDriverOpen");\n'
+        '  int (*cl)(void) = (int (*)(void))dlsym(h, "phxFileDriverClose");\n'
+        '  int (*dr)(const void *) = (int (*)(const void *))dlsym(h, "phxFileBufDeregister");\n'
+        '  printf("%d %d %d\\n", op(), dr((void *)4096), cl()); return 0; }\n'
+    )
     exe = tmp_path / "noc"
     subprocess.run([cc, str(src), "-o", str(exe), "-ldl"], check=True, capture_output=True)
     r = subprocess.run([str(exe), phxfile.library_path()], capture_output=True, text=True, check=True)
@@ -402,7 +421,7 @@ def test_threads_on_their_own_streams(lib, rt, tmp_path):
                         subs.append(r)
                     rt.stream_synchronize(s)
                     assert all(x.result.value == REGION for x in subs)
-                    assert np.array_equal(_view(dev + base, per), data[base:base + per])
+                    assert np.array_equal(_view(dev + base, per), data[base : base + per])
                 rt.stream_destroy(s)
             except BaseException as exc:  # reported by the main thread
                 errors.append(exc)
@@ -434,8 +453,13 @@ def _run_script(code: str, *args, timeout: float = HANG_TIMEOUT) -> str:
     import sys
 
     try:
-        r = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
-                           timeout=timeout, cwd=tempfile.gettempdir())
+        r = subprocess.run(
+            [sys.executable, "-c", code, *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=tempfile.gettempdir(),
+        )
     except subprocess.TimeoutExpired as exc:
         out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         pytest.fail(f"hung: no exit within {timeout}s (deadlock)\n{out}")
@@ -610,7 +634,7 @@ def test_handle_on_o_append_fd_writes_at_the_offset(lib, rt, stream, tmp_path, d
         pytest.skip("the file system refuses O_DIRECT")
     fh = ctypes.c_void_p()
     raw = np.full(2 * 4096, 0x42, dtype=np.uint8)
-    src = raw[(-raw.ctypes.data) % 4096:][:size]  # page aligned: O_DIRECT can take it
+    src = raw[(-raw.ctypes.data) % 4096 :][:size]  # page aligned: O_DIRECT can take it
     try:
         fl = fcntl.fcntl(fd, fcntl.F_GETFL)
         assert lib.phxFileHandleRegister(ctypes.byref(fh), fd) == 0
@@ -757,8 +781,14 @@ def test_unregistered_host_extent_into_unmapped_memory_is_refused(lib, rt, strea
     # far from where the process maps memory (top down from below the stack), so that no
     # allocation of this process fills the hole made below while the test runs
     hint = 0x2345_0000_0000
-    addr = libc.mmap(ctypes.c_void_p(hint), 4 * page, mmap.PROT_READ | mmap.PROT_WRITE,
-                     mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x100000, -1, 0)  # MAP_FIXED_NOREPLACE
+    addr = libc.mmap(
+        ctypes.c_void_p(hint),
+        4 * page,
+        mmap.PROT_READ | mmap.PROT_WRITE,
+        mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x100000,
+        -1,
+        0,
+    )  # MAP_FIXED_NOREPLACE
     assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
     assert libc.munmap(ctypes.c_void_p(addr + 2 * page), 2 * page) == 0  # the second half: unmapped
     slab = Slab(tmp_path, 1 << 20)
@@ -853,8 +883,9 @@ def test_first_calls_from_threads_not_created_by_python(tmp_path):
     src = tmp_path / "cthreads.c"
     src.write_text(_C_THREADS_SRC)
     so = tmp_path / "cthreads.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-pthread", str(src), "-o", str(so)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [cc, "-shared", "-fPIC", "-O1", "-pthread", str(src), "-o", str(so)], check=True, capture_output=True
+    )
     path = tmp_path / "f.bin"
     path.write_bytes(b"\0" * 4096)
     assert _run_script(_C_THREADS, so, path, 20).split() == ["ok"]

@@ -122,7 +122,7 @@ def test_every_dtype_equals_safetensors_torch(tmp_path, chunk):
             src[name] = torch.randint(0, 2**15, (11,), dtype=torch.int64, generator=g).to(dt)
     path = str(tmp_path / "all.safetensors")
     st.save_file(src, path, metadata={"k": "v"})
-    header = json.loads(open(path, "rb").read()[8:8 + struct.unpack("<Q", open(path, "rb").read(8))[0]])
+    header = json.loads(open(path, "rb").read()[8 : 8 + struct.unpack("<Q", open(path, "rb").read(8))[0]])
     ref = st.load_file(path)
     got = phxloader.load_file(path, "cpu", framework="torch", chunk=chunk, depth=2)
     assert set(got) == set(ref) == set(src)
@@ -153,7 +153,7 @@ def test_every_dtype_numpy_raw_bits(tmp_path):
     for name, t in h.tensors.items():
         assert got[name].shape == (6, 5)
         assert got[name].dtype.itemsize == phxloader.DTYPES[name].itemsize
-        assert _bytes(got[name]) == data[t.begin:t.end], name
+        assert _bytes(got[name]) == data[t.begin : t.end], name
         assert got.dtypes[name] == name
     assert got.metadata == {"m": "1"}
 
@@ -162,9 +162,11 @@ def test_many_files(tmp_path):
     rng = np.random.default_rng(11)
     paths, want = [], {}
     for i in range(3):
-        t = {f"s{i}.a": rng.standard_normal((100 + i, 33)).astype(np.float32),
-             f"s{i}.b": rng.integers(0, 255, 4095 + i, dtype=np.uint8),
-             f"s{i}.c": rng.standard_normal(3).astype(np.float64)}
+        t = {
+            f"s{i}.a": rng.standard_normal((100 + i, 33)).astype(np.float32),
+            f"s{i}.b": rng.integers(0, 255, 4095 + i, dtype=np.uint8),
+            f"s{i}.c": rng.standard_normal(3).astype(np.float64),
+        }
         p = tmp_path / f"model-{i:05d}-of-00003.safetensors"
         phxloader.save_file(t, p, metadata={"shard": str(i)})
         paths.append(str(p))
@@ -186,8 +188,11 @@ def test_vendor_device_memory(tmp_path):
 
     rt = get_runtime()
     rng = np.random.default_rng(13)
-    t = {"w": rng.standard_normal((257, 129)).astype(np.float32), "b": rng.integers(0, 9, 1001, dtype=np.int16),
-         "e": np.zeros((0,), dtype=np.float32)}
+    t = {
+        "w": rng.standard_normal((257, 129)).astype(np.float32),
+        "b": rng.integers(0, 9, 1001, dtype=np.int16),
+        "e": np.zeros((0,), dtype=np.float32),
+    }
     p = tmp_path / "dev.safetensors"
     phxloader.save_file(t, p)
     got = phxloader.load_file(p, "phx:0", chunk=3 * 4096, depth=2)
@@ -233,8 +238,13 @@ def test_file_shrinking_under_the_loader_is_an_error(tmp_path, monkeypatch):
 
 def test_bench_helper_runs_on_cpu(tmp_path):
     p = str(tmp_path / "bench.safetensors")
-    phxloader.save_file({"a": np.random.default_rng(1).standard_normal((512, 1024)).astype(np.float32),
-                         "b": np.arange(1000, dtype=np.int64)}, p)
+    phxloader.save_file(
+        {
+            "a": np.random.default_rng(1).standard_normal((512, 1024)).astype(np.float32),
+            "b": np.arange(1000, dtype=np.int64),
+        },
+        p,
+    )
     dev = "cpu" if torch is not None else "phx:0"
     from phoenix.bench import loader
 
@@ -251,8 +261,9 @@ def test_failed_read_raises_after_everything_landed(tmp_path, monkeypatch):
     import phoenix.io as pio
 
     p = tmp_path / "eio.safetensors"
-    phxloader.save_file({f"t{i}": np.random.default_rng(i).standard_normal(50_000).astype(np.float32)
-                         for i in range(12)}, p)
+    phxloader.save_file(
+        {f"t{i}": np.random.default_rng(i).standard_normal(50_000).astype(np.float32) for i in range(12)}, p
+    )
     real_open = pio.open
 
     def faulty_open(path, *a, **kw):

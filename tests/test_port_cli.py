@@ -31,8 +31,7 @@ def phx_port_command() -> list[str]:
 def phx_port(*args: str, env_extra: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     env = dict(os.environ, **(env_extra or {}))
     env.pop("PHX_VENDOR", None)  # phx-port test sets it from its argument
-    return subprocess.run([*phx_port_command(), *args], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([*phx_port_command(), *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +45,7 @@ def host_run(tmp_path_factory):
 def test_host_passes_every_capability(host_run):
     proc, _ = host_run
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
-    table = proc.stdout[proc.stdout.index("phoenix conformance: vendor host"):]
+    table = proc.stdout[proc.stdout.index("phoenix conformance: vendor host") :]
     assert "vendor host (test double): PASS" in table
     for cap in CAPS:
         row = next((line for line in table.splitlines() if line.startswith(cap + " ")), None)
@@ -65,6 +64,7 @@ def test_json_report(host_run):
     for key in ("date", "host", "phoenix_version", "python", "platform"):
         assert report[key], key
     from phoenix import __version__
+
     assert report["phoenix_version"] == __version__
     caps = {c["capability"]: c for c in report["capabilities"]}
     assert list(caps) == CAPS
@@ -103,14 +103,24 @@ def test_pytest_args_pass_through(tmp_path):
     proc = phx_port("test", "host", "-q", "--report-dir", str(tmp_path), "--", "-k", "test_set_device")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "conformance-host.json").read_text())
-    assert {t["test"].split("::")[1] for t in report["tests"] if t["outcome"] != "not run"} == \
-        {"test_set_device_each", "test_set_device_out_of_range"}
+    assert {t["test"].split("::")[1] for t in report["tests"] if t["outcome"] != "not run"} == {
+        "test_set_device_each",
+        "test_set_device_out_of_range",
+    }
 
 
 def test_failure_exits_nonzero_with_reason(tmp_path):
     broken = Path(__file__).resolve().parent / "broken_vendors"
-    proc = phx_port("test", "short_copy", "-q", "-k", "test_copy_sync and h2d", "--report-dir", str(tmp_path),
-                    env_extra={"PHX_VENDOR_PATH": str(broken)})
+    proc = phx_port(
+        "test",
+        "short_copy",
+        "-q",
+        "-k",
+        "test_copy_sync and h2d",
+        "--report-dir",
+        str(tmp_path),
+        env_extra={"PHX_VENDOR_PATH": str(broken)},
+    )
     assert proc.returncode == 1
     row = next(line for line in proc.stdout.splitlines() if line.startswith("copies "))
     assert row.split()[1] == "fail" and "test_copy_sync" in row
@@ -147,9 +157,19 @@ HANGS = """
 def test_hung_test_is_stopped_and_the_run_resumes(tmp_path):
     (tmp_path / "vendors" / "hangs").mkdir(parents=True)
     (tmp_path / "vendors" / "hangs" / "runtime.py").write_text(textwrap.dedent(HANGS))
-    proc = phx_port("test", "hangs", "-q", "--test-timeout", "2", "--report-dir", str(tmp_path),
-                    "-k", "test_vendor_imports or test_destroyed_stream or test_never_created_stream",
-                    env_extra={"PHX_VENDOR_PATH": str(tmp_path / "vendors")}, timeout=120)
+    proc = phx_port(
+        "test",
+        "hangs",
+        "-q",
+        "--test-timeout",
+        "2",
+        "--report-dir",
+        str(tmp_path),
+        "-k",
+        "test_vendor_imports or test_destroyed_stream or test_never_created_stream",
+        env_extra={"PHX_VENDOR_PATH": str(tmp_path / "vendors")},
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "conformance-hangs.json").read_text())
     caps = {c["capability"]: c for c in report["capabilities"]}

@@ -38,13 +38,17 @@ needs_cc = pytest.mark.skipif(emulator.compiler() is None, reason="no C compiler
 def phx_port(*args: str, env_extra: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """The installed ``phx-port`` (not the source tree on the cwd), PHX_VENDOR left to it."""
     script = shutil.which("phx-port", path=os.path.dirname(sys.executable))
-    cmd = [script] if script else [sys.executable, "-c", "import sys; del sys.path[0]; "
-                                   "from phoenix.cli.port import main; sys.exit(main())"]
+    cmd = (
+        [script]
+        if script
+        else [sys.executable, "-c", "import sys; del sys.path[0]; from phoenix.cli.port import main; sys.exit(main())"]
+    )
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **(env_extra or {}))
     env.pop("PHX_VENDOR", None)
     # run outside the repository: nothing a command writes by default (phx-report/) can land in it
-    return subprocess.run([*cmd, *args], env=env, capture_output=True, text=True, timeout=timeout,
-                          cwd=tempfile.gettempdir())
+    return subprocess.run(
+        [*cmd, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=tempfile.gettempdir()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +60,20 @@ def emu_cache(tmp_path_factory):
 def ports(tmp_path_factory):
     """A --vendors-dir with the CUDA-shaped port `acme` and the blank port `blanky`."""
     d = tmp_path_factory.mktemp("vendors")
-    out = phx_port("new", "acme", "--like", "cuda", "--prefix", "acme", "--lib", "libacmert.so",
-                   "--pci-vendor", "0x1eac", "--vendors-dir", str(d))
+    out = phx_port(
+        "new",
+        "acme",
+        "--like",
+        "cuda",
+        "--prefix",
+        "acme",
+        "--lib",
+        "libacmert.so",
+        "--pci-vendor",
+        "0x1eac",
+        "--vendors-dir",
+        str(d),
+    )
     assert out.returncode == 0, out.stderr
     out = phx_port("new", "blanky", "--vendors-dir", str(d))
     assert out.returncode == 0, out.stderr
@@ -68,8 +84,11 @@ def snapshot(root: Path, skip: Path | None = None) -> dict[str, tuple[int, str]]
     """(mtime, sha256) of every file under root, outside .git, __pycache__ and ``skip``."""
     out = {}
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in (".git", "__pycache__", ".pytest_cache")
-                       and not (skip and Path(dirpath, d) == skip)]
+        dirnames[:] = [
+            d
+            for d in dirnames
+            if d not in (".git", "__pycache__", ".pytest_cache") and not (skip and Path(dirpath, d) == skip)
+        ]
         for f in filenames:
             p = Path(dirpath, f)
             try:
@@ -117,12 +136,25 @@ def test_a_cuda_shaped_port_is_a_declaration(ports):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     R = mod.Runtime
-    assert (R.prefix, R.library_names, R.library_roots, R.default_root) == \
-        ("acme", ("libacmert.so",), ("ACME_PATH",), "/opt/acme")
+    assert (R.prefix, R.library_names, R.library_roots, R.default_root) == (
+        "acme",
+        ("libacmert.so",),
+        ("ACME_PATH",),
+        "/opt/acme",
+    )
     assert R.library_env() == "PHX_ACME_LIBRARY" and R.auto_priority == 0
-    assert set(vars(R)) - {"__module__", "__doc__", "__qualname__", "__firstlineno__", "__static_attributes__"} \
-        <= {"name", "prefix", "library_names", "library_roots", "default_root", "p2p_page_size", "auto_priority",
-            "host_register_read_only_flag", "runtime_title", "runtime_description"}, "data only, no code"
+    assert set(vars(R)) - {"__module__", "__doc__", "__qualname__", "__firstlineno__", "__static_attributes__"} <= {
+        "name",
+        "prefix",
+        "library_names",
+        "library_roots",
+        "default_root",
+        "p2p_page_size",
+        "auto_priority",
+        "host_register_read_only_flag",
+        "runtime_title",
+        "runtime_description",
+    }, "data only, no code"
 
 
 def test_operations_come_from_the_contract():
@@ -147,8 +179,11 @@ def test_refusals(ports, tmp_path):
     ]
     env = {"PHX_VENDOR_PATH": str(ports)}
     for args, message in cases:
-        out = phx_port(*args, "--vendors-dir", str(tmp_path), env_extra=env) if "--vendors-dir" not in args \
+        out = (
+            phx_port(*args, "--vendors-dir", str(tmp_path), env_extra=env)
+            if "--vendors-dir" not in args
             else phx_port(*args, env_extra=env)
+        )
         assert out.returncode == 2, (args, out.stdout, out.stderr)
         assert message in out.stderr, (args, out.stderr)
     assert not list(tmp_path.iterdir()), "a refused request writes nothing"
@@ -179,8 +214,9 @@ def test_help_documents_every_option():
 def test_generation_changes_nothing_outside_its_directory(tmp_path):
     target = tmp_path / "vendors"
     before = snapshot(REPO)
-    out = phx_port("new", "snapshot_port", "--like", "cuda", "--prefix", "snp", "--lib", "libsnp.so",
-                   "--vendors-dir", str(target))
+    out = phx_port(
+        "new", "snapshot_port", "--like", "cuda", "--prefix", "snp", "--lib", "libsnp.so", "--vendors-dir", str(target)
+    )
     assert out.returncode == 0, out.stderr
     out = phx_port("new", "snapshot_pkg", "--out", str(tmp_path / "pkg"))
     assert out.returncode == 0, out.stderr
@@ -197,15 +233,31 @@ def test_generation_changes_nothing_outside_its_directory(tmp_path):
 @needs_cc
 def test_cuda_shaped_port_passes_emulated_without_editing(ports, tmp_path, emu_cache):
     before = {p.name: p.read_bytes() for p in (ports / "acme").iterdir()}
-    out = phx_port("test", "acme", "--emulated", "-q", "--report-dir", str(tmp_path),
-                   env_extra={"PHX_VENDOR_PATH": str(ports), "PHX_EMULATOR_CACHE": emu_cache})
+    out = phx_port(
+        "test",
+        "acme",
+        "--emulated",
+        "-q",
+        "--report-dir",
+        str(tmp_path),
+        env_extra={"PHX_VENDOR_PATH": str(ports), "PHX_EMULATOR_CACHE": emu_cache},
+    )
     report = json.loads((tmp_path / "conformance-acme-emulated.json").read_text())
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert report["result"] == "pass" and report["totals"]["failed"] == 0
     assert all(c["result"] in ("pass", "skip") for c in report["capabilities"])
     assert {c["capability"] for c in report["capabilities"] if c["result"] == "pass"} >= {
-        "discovery", "memory", "host_registration", "copies", "streams", "host_callback", "stream_ordering",
-        "pointer_queries", "data_path_table", "errors"}
+        "discovery",
+        "memory",
+        "host_registration",
+        "copies",
+        "streams",
+        "host_callback",
+        "stream_ordering",
+        "pointer_queries",
+        "data_path_table",
+        "errors",
+    }
     assert report["emulated"]["prefix"] == "acme" and report["emulated"]["library_name"] == "libacmert.so"
     assert "PHX_ACME_LIBRARY" in report["emulated"]["via"]
     assert report["is_test_double"]
@@ -226,8 +278,16 @@ def test_blank_port_fails_naming_each_operation(ports, tmp_path):
     runtime_py = ports / "blanky" / "runtime.py"
     todo = _placeholders(runtime_py)
     assert set(todo) == set(scaffold.required_operations())
-    out = phx_port("test", "blanky", "-q", "-k", "not 64mib", "--report-dir", str(tmp_path),
-                   env_extra={"PHX_VENDOR_PATH": str(ports)})
+    out = phx_port(
+        "test",
+        "blanky",
+        "-q",
+        "-k",
+        "not 64mib",
+        "--report-dir",
+        str(tmp_path),
+        env_extra={"PHX_VENDOR_PATH": str(ports)},
+    )
     assert out.returncode == 1
     report = json.loads((tmp_path / "conformance-blanky.json").read_text())
     assert report["result"] == "fail"
@@ -255,8 +315,11 @@ def test_check_lists_the_same_lines(ports):
     assert out.returncode == 1
     rep = json.loads(out.stdout)
     todo = _placeholders(ports / "blanky" / "runtime.py")
-    ops = {re.match(r"(\w+)\(\)", f["message"]).group(1): f["line"] for f in rep["findings"]
-           if f["topic"] == "operations" and f["level"] == "todo"}
+    ops = {
+        re.match(r"(\w+)\(\)", f["message"]).group(1): f["line"]
+        for f in rep["findings"]
+        if f["topic"] == "operations" and f["level"] == "todo"
+    }
     assert ops == todo
     kernel = {f["message"].split()[0] for f in rep["findings"] if f["topic"] == "kernel side"}
     assert kernel == {"pci_vendor", "init", "get_pages", "put_pages"}
@@ -281,8 +344,13 @@ def test_check_cuda_shaped_port(ports):
 @needs_cc
 def test_check_resolves_the_table_against_a_library(ports, emu_cache):
     emu = emulator.build("acme", "libacmert.so", cache=emu_cache)
-    out = phx_port("check", "acme", "--json", "--no-kernel-build",
-                   env_extra={"PHX_VENDOR_PATH": str(ports), "PHX_ACME_LIBRARY": emu.library})
+    out = phx_port(
+        "check",
+        "acme",
+        "--json",
+        "--no-kernel-build",
+        env_extra={"PHX_VENDOR_PATH": str(ports), "PHX_ACME_LIBRARY": emu.library},
+    )
     rep = json.loads(out.stdout)
     table = [f for f in rep["findings"] if f["topic"] == "prototype table"]
     assert table[0]["level"] == "ok" and emu.library in table[0]["message"]
@@ -342,9 +410,25 @@ def test_out_package_is_found_through_its_entry_point(tmp_path):
     out = phx_port("new", "acmeout", "--like", "cuda", "--prefix", "acmeo", "--lib", "libacmeo.so", "--out", str(pkg))
     assert out.returncode == 0, out.stderr
     target = tmp_path / "site"
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                          "--no-index", "--target", str(target), str(pkg)],
-                         capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    pip = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            str(pkg),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
     assert pip.returncode == 0, pip.stdout + pip.stderr
     assert (target / "phoenix_vendor_acmeout" / "p2p.c").exists(), "the kernel file ships in the package"
     env = {"PYTHONPATH": os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}

@@ -72,16 +72,24 @@ from phoenix.vendor import CopyKind
 
 # ---- profiles ---------------------------------------------------------------------------
 
-_COMMON = dict(deadline=None, print_blob=True,
-               phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                      HealthCheck.large_base_example, HealthCheck.filter_too_much])
+_COMMON = dict(
+    deadline=None,
+    print_blob=True,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.large_base_example,
+        HealthCheck.filter_too_much,
+    ],
+)
 settings.register_profile("ci", derandomize=True, database=None, **_COMMON)
 settings.register_profile("long", derandomize=False, database=None, **_COMMON)
 # the first failure as it happened, not shrunk (shrinking runs failing examples again in a
 # process whose state the first failure may have changed)
-settings.register_profile("first", derandomize=False, database=None,
-                          **dict(_COMMON, phases=[Phase.explicit, Phase.generate]))
+settings.register_profile(
+    "first", derandomize=False, database=None, **dict(_COMMON, phases=[Phase.explicit, Phase.generate])
+)
 PROFILE = os.environ.get("PHX_HYPOTHESIS_PROFILE", "ci")
 if PROFILE not in ("ci", "long", "first"):
     raise ValueError(f"PHX_HYPOTHESIS_PROFILE={PROFILE!r}: ci, long or first")
@@ -106,8 +114,10 @@ def _hung(what, log=()):
     """An operation that never completes: the process cannot go on (closing its file or
     shutting the pool down would wait for it too), so say what hung, after which
     operations, dump every thread's stack and exit (status 70)."""
-    sys.stderr.write(f"\nphoenix properties: HANG: {what} did not complete in {HANG_S:.0f} s\n"
-                     f"  settings: {ps.get()}\n  operations:\n    " + "\n    ".join(log) + "\n")
+    sys.stderr.write(
+        f"\nphoenix properties: HANG: {what} did not complete in {HANG_S:.0f} s\n"
+        f"  settings: {ps.get()}\n  operations:\n    " + "\n    ".join(log) + "\n"
+    )
     sys.stderr.flush()
     faulthandler.dump_traceback(all_threads=True)
     os._exit(70)
@@ -151,8 +161,7 @@ _last_pool_key = [None]
 def _enter_settings(engine, mode, pool, threads, queue_depth, fmap_mode="auto"):
     """An override for one example; shuts the previous pool down when the pool changes (a
     pool per settings tuple: dozens alive at once would hold their bounce pools)."""
-    kw = dict(engine=engine, mode=mode, threads=threads, queue_depth=queue_depth, fmap_mode=fmap_mode,
-              **POOLS[pool])
+    kw = dict(engine=engine, mode=mode, threads=threads, queue_depth=queue_depth, fmap_mode=fmap_mode, **POOLS[pool])
     # a backstop for the calls without a timeout (read, read_many, batch, close, shutdown):
     # every thread's stack, and exit, if one example runs past 3 x HANG_S
     faulthandler.dump_traceback_later(3 * HANG_S, exit=True)
@@ -192,10 +201,16 @@ class Tally:
         with self.lock:
             return {
                 "profile": PROFILE,
-                "engines": {e: {"operations": sum(v for k, v in c.items() if not k.startswith("ext_")),
-                                "external_operations": sum(v for k, v in c.items() if k.startswith("ext_")),
-                                "requests": self.requests[e], "examples": self.examples[e],
-                                "by_kind": dict(sorted(c.items()))} for e, c in self.calls.items()},
+                "engines": {
+                    e: {
+                        "operations": sum(v for k, v in c.items() if not k.startswith("ext_")),
+                        "external_operations": sum(v for k, v in c.items() if k.startswith("ext_")),
+                        "requests": self.requests[e],
+                        "examples": self.examples[e],
+                        "by_kind": dict(sorted(c.items())),
+                    }
+                    for e, c in self.calls.items()
+                },
                 "mismatches": self.mismatches,
             }
 
@@ -215,8 +230,11 @@ def tally(workdir, request):
     path = os.environ.get("PHX_HYPOTHESIS_REPORT") or str(workdir / "operation_totals.json")
     with open(path, "w") as fh:
         json.dump(s, fh, indent=1)
-    parts = [f"{e}: {v['operations']} operations ({v['requests']} requests, {v['external_operations']} external "
-             f"operations, {v['examples']} examples)" for e, v in sorted(s["engines"].items())]
+    parts = [
+        f"{e}: {v['operations']} operations ({v['requests']} requests, {v['external_operations']} external "
+        f"operations, {v['examples']} examples)"
+        for e, v in sorted(s["engines"].items())
+    ]
     line = f"phoenix properties [{PROFILE}]: {'; '.join(parts)}; {s['mismatches']} mismatches; totals: {path}"
     cap = request.config.pluginmanager.getplugin("capturemanager")
     if cap is not None:
@@ -326,8 +344,10 @@ class Req:
     content: np.ndarray | None = None  # writes: the whole source buffer as filled
 
     def describe(self):
-        return (f"{self.op} {self.size} B at file offset {self.off} {'(EFAULT) ' if self.bad else ''}"
-                f"from/to {self.buf.kind} buffer (n={self.buf.n}, addr {self.buf.addr:#x}) + {self.bo}")
+        return (
+            f"{self.op} {self.size} B at file offset {self.off} {'(EFAULT) ' if self.bad else ''}"
+            f"from/to {self.buf.kind} buffer (n={self.buf.n}, addr {self.buf.addr:#x}) + {self.bo}"
+        )
 
 
 def conflict(a: Req, b: Req, size0: int) -> bool:
@@ -364,9 +384,11 @@ class Sequence:
             on_disk = os.stat(self.path).st_size
         except OSError as exc:
             on_disk = repr(exc)
-        raise Mismatch(f"{msg}\n  settings: {self.env} {ps.get()}\n  file: {self.path} (size in model "
-                       f"{self.model.size}, on disk {on_disk})\n  stats: {pio.stats()}\n  operations so far:\n    "
-                       + "\n    ".join(self.log[-60:]))
+        raise Mismatch(
+            f"{msg}\n  settings: {self.env} {ps.get()}\n  file: {self.path} (size in model "
+            f"{self.model.size}, on disk {on_disk})\n  stats: {pio.stats()}\n  operations so far:\n    "
+            + "\n    ".join(self.log[-60:])
+        )
 
     def count(self, kind, requests=1):
         self.tally.op(self.env.engine, kind, requests)
@@ -403,7 +425,7 @@ class Sequence:
         if op == "write":
             r.content = rand_bytes(self.seed(), buf.n)
             buf.fill(r.content)
-            r.src = r.content[bo:bo + size]
+            r.src = r.content[bo : bo + size]
         else:
             r.want = self.model.read(off, size)
         return r
@@ -424,7 +446,8 @@ class Sequence:
         if isinstance(want, str):
             code = getattr(errno, want)
             if not (isinstance(got, PhxIOError) and got.errno == code) and not (
-                    want == "EBADF" and r.size == 0 and got == 0):
+                want == "EBADF" and r.size == 0 and got == 0
+            ):
                 self.fail(f"{what}: {r.describe()}: want {want}, got {got!r}")
         elif isinstance(got, BaseException):
             self.fail(f"{what}: {r.describe()}: want {want}, raised {got!r}")
@@ -432,8 +455,11 @@ class Sequence:
             self.fail(f"{what}: {r.describe()}: count {got}, want {want}")
         if r.op == "read":
             # a refused extent (past the buffer) moves nothing: all poison, guards included
-            msg = r.buf.mismatch([] if r.bad else [(r.bo, r.want)], [(r.bo, r.size, r.want.size if not r.bad else 0)],
-                                 _tail_ok([(r.bo + r.want.size, r.bo + r.size)]))
+            msg = r.buf.mismatch(
+                [] if r.bad else [(r.bo, r.want)],
+                [(r.bo, r.size, r.want.size if not r.bad else 0)],
+                _tail_ok([(r.bo + r.want.size, r.bo + r.size)]),
+            )
             if msg:
                 self.fail(f"{what}: {r.describe()}: {msg}")
         else:
@@ -468,8 +494,11 @@ class Sequence:
         size = None if r.buf.n == r.bo + r.size and self.data.draw(st.booleans(), label="size None") else r.size
         self.log.append(f"{api}: {r.describe()}{' (size None)' if size is None else ''}")
         try:
-            got = self.f.read(r.buf.obj, size, r.off, r.bo) if api == "read" else \
-                _result(self.f.pread(r.buf.obj, size, r.off, r.bo), "pread", self.log)
+            got = (
+                self.f.read(r.buf.obj, size, r.off, r.bo)
+                if api == "read"
+                else _result(self.f.pread(r.buf.obj, size, r.off, r.bo), "pread", self.log)
+            )
         except PhxIOError as exc:
             got = exc
         self.count(api)
@@ -480,8 +509,11 @@ class Sequence:
         api = self.data.draw(st.sampled_from(["write", "pwrite"]), label="api")
         self.log.append(f"{api}: {r.describe()}")
         try:
-            got = self.f.write(r.buf.obj, r.size, r.off, r.bo) if api == "write" else \
-                _result(self.f.pwrite(r.buf.obj, r.size, r.off, r.bo), "pwrite", self.log)
+            got = (
+                self.f.write(r.buf.obj, r.size, r.off, r.bo)
+                if api == "write"
+                else _result(self.f.pwrite(r.buf.obj, r.size, r.off, r.bo), "pwrite", self.log)
+            )
         except PhxIOError as exc:
             got = exc
         self.count(api)
@@ -538,13 +570,19 @@ class Sequence:
             self.f2 = pio.open(self.path, "r+" if self.writable else "r", direct=direct)
         handles = [self.f2 if use2 and self.data.draw(st.booleans(), label="on f2") else self.f for _ in reqs]
         wait = self.data.draw(st.booleans(), label="wait")
-        self.log.append(f"batch(wait={wait}): " + "; ".join(
-            f"[{'f2' if h is self.f2 else 'f'}] {r.describe()}" for r, h in zip(reqs, handles, strict=True)))
+        self.log.append(
+            f"batch(wait={wait}): "
+            + "; ".join(f"[{'f2' if h is self.f2 else 'f'}] {r.describe()}" for r, h in zip(reqs, handles, strict=True))
+        )
         forms = [self.data.draw(st.sampled_from(["tuple", "dict", "IORequest"]), label="form") for _ in reqs]
-        tuples = [(h, r.buf.obj, r.size, r.off, r.bo, r.op) if form == "tuple" else
-                  {"file": h, "buf": r.buf.obj, "size": r.size, "file_offset": r.off, "buf_offset": r.bo, "op": r.op}
-                  if form == "dict" else pio.IORequest(h, r.buf.obj, r.size, r.off, r.bo, r.op)
-                  for r, h, form in zip(reqs, handles, forms, strict=True)]
+        tuples = [
+            (h, r.buf.obj, r.size, r.off, r.bo, r.op)
+            if form == "tuple"
+            else {"file": h, "buf": r.buf.obj, "size": r.size, "file_offset": r.off, "buf_offset": r.bo, "op": r.op}
+            if form == "dict"
+            else pio.IORequest(h, r.buf.obj, r.size, r.off, r.bo, r.op)
+            for r, h, form in zip(reqs, handles, forms, strict=True)
+        ]
         if wait:
             results = pio.batch(tuples)
         else:
@@ -567,8 +605,11 @@ class Sequence:
         d = self.data
         fo, sz = [], []
         for _ in range(k):
-            size = draw_size(d, self.env, 2 * MiB) if d.draw(st.integers(0, 3), label="large?") == 0 else \
-                d.draw(st.integers(0, 20000), label="extent size")
+            size = (
+                draw_size(d, self.env, 2 * MiB)
+                if d.draw(st.integers(0, 3), label="large?") == 0
+                else d.draw(st.integers(0, 20000), label="extent size")
+            )
             off = draw_offset(d, self.model.size)
             if not read and any(off < o + s and o < off + size for o, s in zip(fo, sz, strict=True) if s and size):
                 continue
@@ -615,9 +656,10 @@ class Sequence:
         else:
             wants = [self.model.read(o, s) for o, s in zip(fo, sz, strict=True)]
             want_counts = [w.size for w in wants]
-        self.log.append(f"{api}({'packed' if packed else 'offsets'}) into {buf.kind} (n={buf.n}, "
-                        f"addr {buf.addr:#x}): "
-                        + ", ".join(f"{o}+{s}->{b}" for o, s, b in zip(fo, sz, bo, strict=True)))
+        self.log.append(
+            f"{api}({'packed' if packed else 'offsets'}) into {buf.kind} (n={buf.n}, "
+            f"addr {buf.addr:#x}): " + ", ".join(f"{o}+{s}->{b}" for o, s, b in zip(fo, sz, bo, strict=True))
+        )
         fn = self.f.read_many if read else self.f.write_many
         try:
             got = fn(buf.obj, fo, sz, None if packed else bo)
@@ -632,12 +674,16 @@ class Sequence:
             self.fail(f"{api}: raised {got!r}")
         if list(got) != want_counts:
             bad = [i for i in range(len(fo)) if got[i] != want_counts[i]]
-            self.fail(f"{api}: counts differ at extents {bad[:8]}: got {[int(got[i]) for i in bad[:8]]}, "
-                      f"want {[want_counts[i] for i in bad[:8]]}")
+            self.fail(
+                f"{api}: counts differ at extents {bad[:8]}: got {[int(got[i]) for i in bad[:8]]}, "
+                f"want {[want_counts[i] for i in bad[:8]]}"
+            )
         if read:
-            msg = buf.mismatch(list(zip(bo, wants, strict=True)),
-                               [(b, s, w.size) for b, s, w in zip(bo, sz, wants, strict=True)],
-                               _tail_ok([(b + w.size, b + s) for b, w, s in zip(bo, wants, sz, strict=True)]))
+            msg = buf.mismatch(
+                list(zip(bo, wants, strict=True)),
+                [(b, s, w.size) for b, s, w in zip(bo, sz, wants, strict=True)],
+                _tail_ok([(b + w.size, b + s) for b, w, s in zip(bo, wants, sz, strict=True)]),
+            )
             if msg:
                 self.fail(f"{api}: {msg}")
         else:
@@ -646,7 +692,7 @@ class Sequence:
                 self.fail(f"{api}: the source buffer changed: {msg}")
             for o, s, b in zip(fo, sz, bo, strict=True):
                 if s:
-                    self.model.write(o, content[b:b + s])
+                    self.model.write(o, content[b : b + s])
 
     def op_stream(self):
         d, rt = self.data, self.rt
@@ -667,8 +713,10 @@ class Sequence:
                 continue
             plan.append((r, si))
         # each stream in submission order: writes change the model for what follows
-        self.log.append("stream: " + "; ".join(f"[{'default stream' if handles[si] == 0 else f's{si}'}] {r.describe()}"
-                                               for r, si in plan))
+        self.log.append(
+            "stream: "
+            + "; ".join(f"[{'default stream' if handles[si] == 0 else f's{si}'}] {r.describe()}" for r, si in plan)
+        )
         ops, keep = [], []
         for r, si in plan:
             s = handles[si]
@@ -701,8 +749,9 @@ class Sequence:
             if r.op == "write" and self.writable and r.size:
                 self.model.write(r.off, r.src)
         for si, s in enumerate(handles):
-            _stream_sync(rt, s, [op for (_, sj), (op, _) in zip(plan, ops, strict=True) if sj == si],
-                         "stream op", self.log)
+            _stream_sync(
+                rt, s, [op for (_, sj), (op, _) in zip(plan, ops, strict=True) if sj == si], "stream op", self.log
+            )
         self.count("stream", len(plan))
         for (r, _si), (op, after) in zip(plan, ops, strict=True):
             if isinstance(op, BaseException):
@@ -715,14 +764,16 @@ class Sequence:
             self.check_result(r, got, f"stream {r.op}_async")
             if after is not None:
                 want = np.full(r.size, r.buf.poison, np.uint8)
-                want[:r.want.size] = r.want
+                want[: r.want.size] = r.want
                 if not STRICT_EOF_TAIL:
-                    tail = after[r.want.size:]
-                    want[r.want.size:][tail == 0] = 0
+                    tail = after[r.want.size :]
+                    want[r.want.size :][tail == 0] = 0
                 if not np.array_equal(after, want):
                     bad = np.flatnonzero(after != want)
-                    self.fail(f"stream read_async: {r.describe()}: a copy queued after it on the stream saw "
-                              f"{bad.size} wrong bytes (first at {bad[0]})")
+                    self.fail(
+                        f"stream read_async: {r.describe()}: a copy queued after it on the stream saw "
+                        f"{bad.size} wrong bytes (first at {bad[0]})"
+                    )
 
     def op_external_write(self):
         d = self.data
@@ -756,8 +807,13 @@ class Sequence:
         d = self.data
         b = d.draw(st.integers(0, 9), label="truncate class")
         sz = self.model.size
-        n = 0 if b == 0 else d.draw(st.integers(0, sz), label="shrink to") if b < 6 else \
-            sz + d.draw(st.integers(0, 2 * MiB), label="grow by")
+        n = (
+            0
+            if b == 0
+            else d.draw(st.integers(0, sz), label="shrink to")
+            if b < 6
+            else sz + d.draw(st.integers(0, 2 * MiB), label="grow by")
+        )
         how = d.draw(st.sampled_from(["truncate", "ftruncate"]), label="how")
         self.log.append(f"external {how} to {n}")
         if how == "truncate":
@@ -793,8 +849,20 @@ class Sequence:
             self.f.fsync()
         self.count("fsync")
 
-    OPS = ("read", "write", "futures", "read_many", "write_many", "batch", "stream", "external_write",
-           "truncate", "reopen", "fsync", "fmap_wait")
+    OPS = (
+        "read",
+        "write",
+        "futures",
+        "read_many",
+        "write_many",
+        "batch",
+        "stream",
+        "external_write",
+        "truncate",
+        "reopen",
+        "fsync",
+        "fmap_wait",
+    )
 
     def run_op(self, name):
         if name == "read_many":
@@ -803,7 +871,6 @@ class Sequence:
             self.op_many(False)
         else:
             getattr(self, "op_" + name)()
-
 
 
 # ---- the tests ------------------------------------------------------------------------------
@@ -883,8 +950,18 @@ def test_random_sequences_match_the_model(rt, workdir, tally, engine, mode, pool
 
 # ---- concurrency: threads on disjoint regions of one file ---------------------------------
 
-THREAD_APIS = ("read", "write", "pread", "pwrite", "read_many", "write_many", "batch", "read_async",
-               "write_async", "ext_write")
+THREAD_APIS = (
+    "read",
+    "write",
+    "pread",
+    "pwrite",
+    "read_many",
+    "write_many",
+    "batch",
+    "read_async",
+    "write_async",
+    "ext_write",
+)
 
 
 @dataclass
@@ -906,7 +983,8 @@ def _draw_thread_plan(data, rt, region, n_ops, bufs):
             rel = data.draw(st.integers(0, region - 1), label="rel offset")
             size = data.draw(st.integers(0, region - rel), label="size")
             if api in ("write_many", "batch", "write", "pwrite", "write_async", "ext_write") and any(
-                    rel < r + s and r < rel + size for r, s, _ in exts):
+                rel < r + s and r < rel + size for r, s, _ in exts
+            ):
                 continue  # writes of one call: disjoint
             if api == "batch" and any(rel < r + s and r < rel + size for r, s, _ in exts):
                 continue
@@ -917,14 +995,17 @@ def _draw_thread_plan(data, rt, region, n_ops, bufs):
         if data.draw(st.integers(0, 5), label="churn?") == 0:
             # overrides are process-wide: the other threads' requests that follow go to a
             # new worker pool while theirs in flight finish on the old one
-            op.override = dict(POOLS[data.draw(st.sampled_from(POOL_CHOICES), label="churn pool")],
-                               threads=data.draw(st.integers(1, 3), label="churn threads"),
-                               mode=data.draw(st.sampled_from(MODES), label="churn mode"))
+            op.override = dict(
+                POOLS[data.draw(st.sampled_from(POOL_CHOICES), label="churn pool")],
+                threads=data.draw(st.integers(1, 3), label="churn threads"),
+                mode=data.draw(st.sampled_from(MODES), label="churn mode"),
+            )
         if api != "ext_write":
             op.buf = draw_buffer(data, rt, max(pos, 1))
             bufs.append(op.buf)
         if api in ("write", "pwrite", "write_many", "write_async", "ext_write") or (
-                api == "batch" and data.draw(st.booleans(), label="batch writes")):
+            api == "batch" and data.draw(st.booleans(), label="batch writes")
+        ):
             op.content = rand_bytes(data.draw(st.integers(0, 2**32 - 1), label="seed"), max(pos, 1))
             if op.buf is not None:
                 op.buf.fill(op.content)
@@ -944,7 +1025,7 @@ class _RegionWorker:
         self.log = []
 
     def want(self, rel, size):
-        return self.model[rel:rel + size] if rel < self.model.size else self.model[:0]
+        return self.model[rel : rel + size] if rel < self.model.size else self.model[:0]
 
     def put(self, rel, data):
         if not data.size:
@@ -955,8 +1036,10 @@ class _RegionWorker:
         self.model[rel:end] = data
 
     def fail(self, msg):
-        raise Mismatch(f"thread {self.idx} (region at {self.base}, +{self.region}): {msg}\n  settings: {ps.get()}\n"
-                       "  its operations:\n    " + "\n    ".join(self.log[-10:]))
+        raise Mismatch(
+            f"thread {self.idx} (region at {self.base}, +{self.region}): {msg}\n  settings: {ps.get()}\n"
+            "  its operations:\n    " + "\n    ".join(self.log[-10:])
+        )
 
     def run(self):
         try:
@@ -972,32 +1055,45 @@ class _RegionWorker:
     def one(self, op: ThreadOp):
         f, b = self.f, op.buf
         api = op.api
-        self.log.append(f"{api} {[(self.base + r, s, bo) for r, s, bo in op.extents]} "
-                        f"{b.kind + ' ' + hex(b.addr) if b else ''} {op.override or ''}")
+        self.log.append(
+            f"{api} {[(self.base + r, s, bo) for r, s, bo in op.extents]} "
+            f"{b.kind + ' ' + hex(b.addr) if b else ''} {op.override or ''}"
+        )
         is_write = op.content is not None
         wants = [self.want(r, s) for r, s, _ in op.extents]
         if api == "ext_write":
             fd = os.open(self.path, os.O_WRONLY)
             try:
                 for r, s, bo in op.extents:
-                    assert os.pwrite(fd, op.content[bo:bo + s].tobytes(), self.base + r) == s
+                    assert os.pwrite(fd, op.content[bo : bo + s].tobytes(), self.base + r) == s
             finally:
                 os.close(fd)
             got = [s for _, s, _ in op.extents]
         elif api in ("read", "write", "pread", "pwrite"):
-            (r, s, bo), = op.extents
-            fn = {"read": f.read, "write": f.write, "pread": lambda *a: _result(f.pread(*a), "pread", self.log),
-                  "pwrite": lambda *a: _result(f.pwrite(*a), "pwrite", self.log)}[api]
+            ((r, s, bo),) = op.extents
+            fn = {
+                "read": f.read,
+                "write": f.write,
+                "pread": lambda *a: _result(f.pread(*a), "pread", self.log),
+                "pwrite": lambda *a: _result(f.pwrite(*a), "pwrite", self.log),
+            }[api]
             got = [fn(b.obj, s, self.base + r, bo)]
         elif api in ("read_many", "write_many"):
             fn = f.read_many if api == "read_many" else f.write_many
-            got = list(fn(b.obj, [self.base + r for r, _, _ in op.extents], [s for _, s, _ in op.extents],
-                          [bo for _, _, bo in op.extents]))
+            got = list(
+                fn(
+                    b.obj,
+                    [self.base + r for r, _, _ in op.extents],
+                    [s for _, s, _ in op.extents],
+                    [bo for _, _, bo in op.extents],
+                )
+            )
         elif api == "batch":
-            got = pio.batch([(f, b.obj, s, self.base + r, bo, "write" if is_write else "read")
-                             for r, s, bo in op.extents])
+            got = pio.batch(
+                [(f, b.obj, s, self.base + r, bo, "write" if is_write else "read") for r, s, bo in op.extents]
+            )
         else:
-            (r, s, bo), = op.extents
+            ((r, s, bo),) = op.extents
             fn = f.read_async if api == "read_async" else f.write_async
             sop = fn(b.obj, s, self.base + r, bo, self.stream)
             _stream_sync(self.rt, self.stream, [sop], api, self.log)
@@ -1007,7 +1103,7 @@ class _RegionWorker:
             for (r, s, bo), g in zip(op.extents, got, strict=True):
                 if g != s:
                     self.fail(f"{api}: count {g!r} for {s} bytes at {self.base + r}")
-                self.put(r, op.content[bo:bo + s])
+                self.put(r, op.content[bo : bo + s])
             if b is not None:
                 msg = b.mismatch([(0, op.content)])
                 if msg:
@@ -1016,9 +1112,11 @@ class _RegionWorker:
             for (r, s, _bo), g, w in zip(op.extents, got, wants, strict=True):
                 if g != w.size:
                     self.fail(f"{api}: count {g!r} for {s} bytes at {self.base + r}, want {w.size}")
-            msg = b.mismatch([(bo, w) for (_, _, bo), w in zip(op.extents, wants, strict=True)],
-                             [(bo, s, w.size) for (_, s, bo), w in zip(op.extents, wants, strict=True)],
-                             _tail_ok([(bo + w.size, bo + s) for (_, s, bo), w in zip(op.extents, wants, strict=True)]))
+            msg = b.mismatch(
+                [(bo, w) for (_, _, bo), w in zip(op.extents, wants, strict=True)],
+                [(bo, s, w.size) for (_, s, bo), w in zip(op.extents, wants, strict=True)],
+                _tail_ok([(bo + w.size, bo + s) for (_, s, bo), w in zip(op.extents, wants, strict=True)]),
+            )
             if msg:
                 self.fail(f"{api}: {msg}")
 
@@ -1044,8 +1142,9 @@ def test_concurrent_threads_on_disjoint_regions(rt, workdir, tally, engine, data
         tally.examples[engine] += 1
         init = rand_bytes(data.draw(st.integers(0, 2**32 - 1), label="seed"), (nthr - 1) * region + last)
         path.write_bytes(init.tobytes())
-        plans = [_draw_thread_plan(data, rt, region, data.draw(st.integers(1, 8), label="ops"), bufs)
-                 for _ in range(nthr)]
+        plans = [
+            _draw_thread_plan(data, rt, region, data.draw(st.integers(1, 8), label="ops"), bufs) for _ in range(nthr)
+        ]
         f0 = pio.open(path, "r+", direct=direct)
         handles.append(f0)
         for i in range(nthr):
@@ -1053,9 +1152,21 @@ def test_concurrent_threads_on_disjoint_regions(rt, workdir, tally, engine, data
             if f is not f0:
                 handles.append(f)
             streams.append(rt.stream_create())
-            workers.append(_RegionWorker(i, f, str(path), i * region, region,
-                                         init[i * region:(i + 1) * region].copy(), plans[i], streams[i], rt, engine,
-                                         tally))
+            workers.append(
+                _RegionWorker(
+                    i,
+                    f,
+                    str(path),
+                    i * region,
+                    region,
+                    init[i * region : (i + 1) * region].copy(),
+                    plans[i],
+                    streams[i],
+                    rt,
+                    engine,
+                    tally,
+                )
+            )
         ts = [threading.Thread(target=w.run) for w in workers]
         for t in ts:
             t.start()
@@ -1095,11 +1206,34 @@ def test_concurrent_threads_on_disjoint_regions(rt, workdir, tally, engine, data
 
 # ---- far file offsets: past 4 GiB, the file system's limit, 2**63 and 2**64 ----------------
 
-FAR = (2**31 - 1, 2**32, 2**40, 2**44 - 4096, 2**44, 2**62, 2**63 - 4096, 2**63 - 1, 2**63, 2**64 - 1, 2**64,
-       2**64 + 4096, 2**65)
+FAR = (
+    2**31 - 1,
+    2**32,
+    2**40,
+    2**44 - 4096,
+    2**44,
+    2**62,
+    2**63 - 4096,
+    2**63 - 1,
+    2**63,
+    2**64 - 1,
+    2**64,
+    2**64 + 4096,
+    2**65,
+)
 OFF_MAX = 2**63 - 1
-FAR_APIS = ("read", "pread", "write", "pwrite", "read_many", "write_many", "batch_read", "batch_write", "read_async",
-            "write_async")
+FAR_APIS = (
+    "read",
+    "pread",
+    "write",
+    "pwrite",
+    "read_many",
+    "write_many",
+    "batch_read",
+    "batch_write",
+    "read_async",
+    "write_async",
+)
 REFUSED = (errno.EINVAL, errno.EFBIG, errno.EOVERFLOW)
 
 
@@ -1154,7 +1288,8 @@ def test_far_file_offsets(rt, workdir, tally, engine, data):
                 got = exc
         tally.op(engine, "far_" + api)
         refused = isinstance(got, (TypeError, ValueError, OverflowError)) or (
-            isinstance(got, PhxIOError) and got.errno in REFUSED)
+            isinstance(got, PhxIOError) and got.errno in REFUSED
+        )
         what = f"{api} of {size} bytes at file offset {off} ({off - 2**63:+d} from 2**63) into {b.kind}"
         if isinstance(got, BaseException) and not refused:
             raise Mismatch(f"{what}: unexpected {got!r}")
@@ -1185,9 +1320,11 @@ def test_far_file_offsets(rt, workdir, tally, engine, data):
                     fsize = os.fstat(fd).st_size
                 finally:
                     os.close(fd)
-                if fsize != max(init.size, off + size) or not np.array_equal(landed, content[bo:bo + size]):
-                    raise Mismatch(f"{what}: file size {fsize} (want {max(init.size, off + size)}); the bytes at the "
-                                   f"offset {'match' if np.array_equal(landed, content[bo:bo + size]) else 'differ'}")
+                if fsize != max(init.size, off + size) or not np.array_equal(landed, content[bo : bo + size]):
+                    raise Mismatch(
+                        f"{what}: file size {fsize} (want {max(init.size, off + size)}); the bytes at the "
+                        f"offset {'match' if np.array_equal(landed, content[bo : bo + size]) else 'differ'}"
+                    )
                 os.truncate(path, init.size)  # (the sparse tail goes; the head must be unchanged)
             else:
                 # refused: like pwrite(2) at the file system's size limit, a prefix of the
@@ -1200,14 +1337,15 @@ def test_far_file_offsets(rt, workdir, tally, engine, data):
                     os.close(fd)
                 if fsize > max(init.size, off + size):
                     raise Mismatch(f"{what}: refused, but the file grew to {fsize}")
-                if part is not None and not np.array_equal(part, content[bo:bo + part.size]):
+                if part is not None and not np.array_equal(part, content[bo : bo + part.size]):
                     raise Mismatch(f"{what}: refused, but the file's bytes at the offset are not the request's")
                 if fsize > init.size:
                     os.truncate(path, init.size)
             msg = file_mismatch(path, model)
             if msg:
-                raise Mismatch(f"{what}: {'refused, but ' if refused else ''}the file's first {init.size} bytes "
-                               f"changed: {msg}")
+                raise Mismatch(
+                    f"{what}: {'refused, but ' if refused else ''}the file's first {init.size} bytes changed: {msg}"
+                )
     except Mismatch:
         with tally.lock:
             tally.mismatches += 1

@@ -33,6 +33,7 @@ def phx_port_command() -> list[str]:
         return [script]
     return [sys.executable, "-c", "import sys; del sys.path[0]; from phoenix.cli.port import main; sys.exit(main())"]
 
+
 BOOM = """
     raise RuntimeError("boom: this vendor is broken on purpose")
 """
@@ -138,7 +139,9 @@ def test_discovery_is_lazy(tmp_path, monkeypatch):
 def test_vendor_path_vendors_discovered(tmp_path, monkeypatch):
     make_vendors(tmp_path / "a", fakeaccel=FAKE_ACCEL)
     make_vendors(tmp_path / "b", unusable=UNUSABLE)
-    monkeypatch.setenv("PHX_VENDOR_PATH", os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "missing"), str(tmp_path / "b")]))
+    monkeypatch.setenv(
+        "PHX_VENDOR_PATH", os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "missing"), str(tmp_path / "b")])
+    )
     found = registry.discover()
     assert found["fakeaccel"].source == f"PHX_VENDOR_PATH ({tmp_path / 'a'})"
     assert found["unusable"].source == f"PHX_VENDOR_PATH ({tmp_path / 'b'})"
@@ -157,11 +160,16 @@ def test_entry_point_vendor(tmp_path, monkeypatch):
     (pkg / "__init__.py").write_text("")
     (pkg / "runtime.py").write_text(textwrap.dedent(FAKE_ACCEL).replace('"fakeaccel"', '"epaccel"'))
     monkeypatch.syspath_prepend(str(tmp_path))
-    eps = [importlib.metadata.EntryPoint("epaccel", "phx_ep_vendor.runtime", "phoenix.vendors"),
-           importlib.metadata.EntryPoint("epaccel2", "phx_ep_vendor.runtime:Runtime", "phoenix.vendors")]
+    eps = [
+        importlib.metadata.EntryPoint("epaccel", "phx_ep_vendor.runtime", "phoenix.vendors"),
+        importlib.metadata.EntryPoint("epaccel2", "phx_ep_vendor.runtime:Runtime", "phoenix.vendors"),
+    ]
     real = importlib.metadata.entry_points
-    monkeypatch.setattr(registry.importlib.metadata, "entry_points",
-                        lambda **kw: eps if kw.get("group") == "phoenix.vendors" else real(**kw))
+    monkeypatch.setattr(
+        registry.importlib.metadata,
+        "entry_points",
+        lambda **kw: eps if kw.get("group") == "phoenix.vendors" else real(**kw),
+    )
     found = registry.discover()
     for name in ("epaccel", "epaccel2"):
         assert found[name].source.startswith("entry point"), found[name].source
@@ -207,16 +215,14 @@ def test_probe_that_raises_is_reported(tmp_path, monkeypatch):
 
 def test_phx_port_list_shows_import_error(tmp_path):
     env = dict(os.environ, PHX_VENDOR_PATH=str(make_vendors(tmp_path, boom=BOOM, unusable=UNUSABLE)))
-    proc = subprocess.run([*phx_port_command(), "list"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([*phx_port_command(), "list"], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     rows = {line.split()[0]: line for line in proc.stdout.splitlines()[2:] if line.strip()}
     assert "import error" in rows["boom"] and "broken on purpose" in rows["boom"]
     assert "no device node /dev/fake0" in rows["unusable"]
     assert "yes" in rows["host"]
 
-    proc = subprocess.run([*phx_port_command(), "list", "--json"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([*phx_port_command(), "list", "--json"], env=env, capture_output=True, text=True, timeout=120)
     listed = {r["vendor"]: r for r in json.loads(proc.stdout)}
     assert listed["boom"]["available"] is False and "broken on purpose" in listed["boom"]["reason"]
     assert listed["host"]["available"] is True and listed["host"]["test_double"] is True
@@ -237,8 +243,9 @@ def test_unknown_vendor_lists_installed(monkeypatch):
 
 
 def test_auto_falls_back_to_host_and_says_why(tmp_path, monkeypatch):
-    monkeypatch.setenv("PHX_VENDOR_PATH", str(make_vendors(tmp_path, boom=BOOM, unusable=UNUSABLE,
-                                                           probe_raises=PROBE_RAISES)))
+    monkeypatch.setenv(
+        "PHX_VENDOR_PATH", str(make_vendors(tmp_path, boom=BOOM, unusable=UNUSABLE, probe_raises=PROBE_RAISES))
+    )
     found = registry.discover()
     real = [n for n in in_tree_names() if n != "host" and found[n].probe().usable]
     if real:

@@ -167,7 +167,7 @@ def guest_modules(moddir: str, wanted: list[str]) -> list[tuple[str, bytes]]:
             raise SystemExit(f"module {name} not found under {moddir}/kernel (another kernel, or built in?)")
         data = module_bytes(path)
         m = re.search(rb"depends=([^\0]*)\0", data)
-        for dep in (m.group(1).decode().split(",") if m else []):
+        for dep in m.group(1).decode().split(",") if m else []:
             if dep:
                 visit(dep)
         ordered.append((os.path.basename(path).split(".ko")[0] + ".ko", data))
@@ -227,9 +227,13 @@ def main() -> int:
     ap.add_argument("--build", default=os.path.join(KERNEL_DIR, "build"), help="where make -C kernel put the modules")
     ap.add_argument("--root", default="/", help="root of the kernel image package (boot/vmlinuz-*, lib/modules/*)")
     ap.add_argument("--krel", help="kernel release to boot (default: the modules' vermagic)")
-    ap.add_argument("--accel", choices=["auto", "kvm", "tcg"], default=os.environ.get("PHX_KTEST_ACCEL", "tcg"),
-                    help="tcg (default: software emulation, works everywhere, also nested), kvm, or auto "
-                    "(kvm when /dev/kvm opens; nested KVM in some VMs hangs at boot)")
+    ap.add_argument(
+        "--accel",
+        choices=["auto", "kvm", "tcg"],
+        default=os.environ.get("PHX_KTEST_ACCEL", "tcg"),
+        help="tcg (default: software emulation, works everywhere, also nested), kvm, or auto "
+        "(kvm when /dev/kvm opens; nested KVM in some VMs hangs at boot)",
+    )
     ap.add_argument("--timeout", type=int, default=300, help="seconds for boot and test together")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--smp", type=int, default=2)
@@ -266,16 +270,39 @@ def main() -> int:
             f.truncate(BAR_BYTES)
 
         cmd = [
-            qemu, "-nodefaults", "-display", "none", "-no-reboot", "-monitor", "none", "-serial", "stdio",
-            "-machine", f"q35,accel={accel}", "-cpu", "host" if accel == "kvm" else "max",
-            "-smp", str(args.smp), "-m", "1024",
-            "-kernel", vmlinuz, "-initrd", initrd,
-            "-append", "console=ttyS0 loglevel=4 panic=-1 oops=panic rdinit=/init",
-            "-object", f"memory-backend-file,id=phxbar,size={BAR_BYTES},mem-path={bar},share=on",
-            "-device", "ivshmem-plain,memdev=phxbar",
-            "-drive", f"file={ext4},if=none,id=nvm,format=raw",
-            "-device", "nvme,serial=phx0,drive=nvm",
-            "-drive", f"file={raw},if=virtio,format=raw",
+            qemu,
+            "-nodefaults",
+            "-display",
+            "none",
+            "-no-reboot",
+            "-monitor",
+            "none",
+            "-serial",
+            "stdio",
+            "-machine",
+            f"q35,accel={accel}",
+            "-cpu",
+            "host" if accel == "kvm" else "max",
+            "-smp",
+            str(args.smp),
+            "-m",
+            "1024",
+            "-kernel",
+            vmlinuz,
+            "-initrd",
+            initrd,
+            "-append",
+            "console=ttyS0 loglevel=4 panic=-1 oops=panic rdinit=/init",
+            "-object",
+            f"memory-backend-file,id=phxbar,size={BAR_BYTES},mem-path={bar},share=on",
+            "-device",
+            "ivshmem-plain,memdev=phxbar",
+            "-drive",
+            f"file={ext4},if=none,id=nvm,format=raw",
+            "-device",
+            "nvme,serial=phx0,drive=nvm",
+            "-drive",
+            f"file={raw},if=virtio,format=raw",
         ]
         log(f"booting {krel} under {accel.upper()} (timeout {args.timeout} s)")
         console = os.path.join(work, "console.log")
@@ -362,8 +389,9 @@ def main() -> int:
         if not os.path.exists(dump):
             problems.append(f"debugfs could not read /phx.bin from the ext4 image: {r.stderr.strip()}")
         else:
-            r = subprocess.run([os.path.join(build, "phx_ktest"), "hostverify", bar, dump, raw],
-                               capture_output=True, text=True)
+            r = subprocess.run(
+                [os.path.join(build, "phx_ktest"), "hostverify", bar, dump, raw], capture_output=True, text=True
+            )
             for line in r.stdout.splitlines():
                 print("  host| " + line)
                 m = re.match(r"PHX-KTEST: hostverify: (\d+) bytes verified, (\d+) failures", line)
@@ -376,7 +404,7 @@ def main() -> int:
             dump_sysfs = {}
             for line in lines:
                 if line.startswith("PHX-SYSFS: "):
-                    path, _, value = line[len("PHX-SYSFS: "):].partition(" ")
+                    path, _, value = line[len("PHX-SYSFS: ") :].partition(" ")
                     dump_sysfs[path] = value.replace("|", "\n")
             with open(args.sysfs_dump, "w") as f:
                 json.dump(dump_sysfs, f, indent=1, sort_keys=True)
@@ -389,8 +417,10 @@ def main() -> int:
             print(f"  console log: {console} (kept)")
             args.keep = True
             return 1
-        print(f"PHX-KERNEL-TEST: PASS: {guest_bytes} bytes verified in the guest, {host_bytes} bytes verified "
-              f"from the host; guest {tguest:.0f} s under {accel.upper()}, {total:.0f} s in all")
+        print(
+            f"PHX-KERNEL-TEST: PASS: {guest_bytes} bytes verified in the guest, {host_bytes} bytes verified "
+            f"from the host; guest {tguest:.0f} s under {accel.upper()}, {total:.0f} s in all"
+        )
         return 0
     finally:
         if os.path.exists(bar):

@@ -67,8 +67,9 @@ def _host_library() -> ctypes.CDLL:
     try:
         return ctypes.CDLL(HOST_LIBRARY, mode=ctypes.RTLD_LOCAL)
     except OSError as exc:
-        raise ImportError(f"phoenix's host test-double library is not built ({exc}): "
-                          "`pip install -e .` builds it") from None
+        raise ImportError(
+            f"phoenix's host test-double library is not built ({exc}): `pip install -e .` builds it"
+        ) from None
 
 
 #: address of the C test callback ``phx_testing_hostfn`` (queue it with any vendor's launch_host_func)

@@ -61,11 +61,17 @@ def check_bench_file(path: str, size: int, option: str = "--file") -> None:
     path = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        raise IsADirectoryError(errno.EISDIR, f"{option} {path} is a directory; give a file path (it is created "
-                                f"with {size} bytes of random data if absent)")
+        raise IsADirectoryError(
+            errno.EISDIR,
+            f"{option} {path} is a directory; give a file path (it is created "
+            f"with {size} bytes of random data if absent)",
+        )
     if not os.path.isdir(parent):
-        raise FileNotFoundError(errno.ENOENT, f"{option} {path}: its directory {parent} does not exist; create it or "
-                                f"pick a {option} in an existing directory")
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"{option} {path}: its directory {parent} does not exist; create it or "
+            f"pick a {option} in an existing directory",
+        )
     if os.path.exists(path) and not os.access(path, os.R_OK):
         raise PermissionError(errno.EACCES, f"{option} {path} is not readable; pick a {option} you may read and write")
 
@@ -78,11 +84,13 @@ def prepare_file(path: str, size: int, option: str = "--file") -> None:
     try:
         _write_random(path, size)
     except OSError as exc:
-        hint = (f"the directory {os.path.dirname(os.path.abspath(path))} is read-only; pick a {option} in a "
-                "writable directory" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and what == "create it"
-                else f"pick a {option} you may write, or one that already holds {size} bytes")
-        raise type(exc)(exc.errno, f"{option} {path}: cannot {what} ({os.strerror(exc.errno)}); "
-                        f"{hint}") from exc
+        hint = (
+            f"the directory {os.path.dirname(os.path.abspath(path))} is read-only; pick a {option} in a "
+            "writable directory"
+            if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and what == "create it"
+            else f"pick a {option} you may write, or one that already holds {size} bytes"
+        )
+        raise type(exc)(exc.errno, f"{option} {path}: cannot {what} ({os.strerror(exc.errno)}); {hint}") from exc
 
 
 def _write_random(path: str, size: int) -> None:

@@ -35,8 +35,17 @@ def _torch():
     return torch
 
 
-def bench(path, device="cuda", reps: int = 3, *, chunk: int = DEFAULT_CHUNK, depth: int = DEFAULT_DEPTH,
-          raw_threads: int | None = None, raw_chunk: int = 16 << 20, quiet: bool = False) -> dict:
+def bench(
+    path,
+    device="cuda",
+    reps: int = 3,
+    *,
+    chunk: int = DEFAULT_CHUNK,
+    depth: int = DEFAULT_DEPTH,
+    raw_threads: int | None = None,
+    raw_chunk: int = 16 << 20,
+    quiet: bool = False,
+) -> dict:
     """phxloader cold and warm vs ``safetensors.torch.load_file(path, device=...)`` cold and
     warm vs a raw O_DIRECT read of the same file into host memory, interleaved in one run.
 
@@ -106,8 +115,17 @@ def bench(path, device="cuda", reps: int = 3, *, chunk: int = DEFAULT_CHUNK, dep
             runs[name].append(time.perf_counter() - t0)
             if fn is phx:
                 stats_of.setdefault(name, []).append(dict(last_stats))
-    res: dict = {"argv": sys.argv, "file": path, "size": size, "device": str(device), "reps": reps, "chunk": chunk, "depth": depth,
-                 "raw_threads": threads, "cache_drop": drop_cache(path)}
+    res: dict = {
+        "argv": sys.argv,
+        "file": path,
+        "size": size,
+        "device": str(device),
+        "reps": reps,
+        "chunk": chunk,
+        "depth": depth,
+        "raw_threads": threads,
+        "cache_drop": drop_cache(path),
+    }
     for name in runs:
         med = statistics.median(runs[name])
         res[name] = {"gbps": nbytes[name] / med / 1e9, "seconds": runs[name], "bytes": nbytes[name]}
@@ -124,12 +142,20 @@ def bench(path, device="cuda", reps: int = 3, *, chunk: int = DEFAULT_CHUNK, dep
             print(f"  {name:20s} {res[name]['gbps']:8.2f} GB/s   " + " ".join(f"{s:.3f}" for s in runs[name]) + " s")
         for k, v in ratios.items():
             print(f"  {k:36s} {v:.3f}")
-        print("  (GB/s: file bytes / seconds, 1 GB = 10^9 bytes, median of the repetitions, each repetition's seconds "
-              "after it; cold: the page cache dropped first, warm: the file in it; raw_odirect: an O_DIRECT read into "
-              "host memory, the storage limit; a ratio above 1: phxloader faster)")
+        print(
+            "  (GB/s: file bytes / seconds, 1 GB = 10^9 bytes, median of the repetitions, each repetition's seconds "
+            "after it; cold: the page cache dropped first, warm: the file in it; raw_odirect: an O_DIRECT read into "
+            "host memory, the storage limit; a ratio above 1: phxloader faster)"
+        )
         for st in res["phxloader_cold"].get("stats", []):
-            print("  phxloader_cold: " + ", ".join(f"{k} {st[k]}" for k in ("requests", "alloc_seconds", "submit_seconds",
-                                                                        "wait_seconds", "seconds") if k in st))
+            print(
+                "  phxloader_cold: "
+                + ", ".join(
+                    f"{k} {st[k]}"
+                    for k in ("requests", "alloc_seconds", "submit_seconds", "wait_seconds", "seconds")
+                    if k in st
+                )
+            )
     return res
 
 
@@ -140,9 +166,13 @@ def make_bench_file(path, size: int = 4 << 30, seed: int = 0) -> str:
     tensors, dtypes, total, layer = {}, {}, 0, 0
     while total < size:
         d = 4096
-        mats = {f"layers.{layer}.attn.qkv.weight": (3 * d, d, "BF16"), f"layers.{layer}.mlp.up.weight": (4 * d, d, "BF16"),
-                f"layers.{layer}.mlp.down.weight": (d, 4 * d, "F16"), f"layers.{layer}.norm.weight": (d, 1, "F32"),
-                f"layers.{layer}.attn.scale": (d, 1, "F8_E4M3")}
+        mats = {
+            f"layers.{layer}.attn.qkv.weight": (3 * d, d, "BF16"),
+            f"layers.{layer}.mlp.up.weight": (4 * d, d, "BF16"),
+            f"layers.{layer}.mlp.down.weight": (d, 4 * d, "F16"),
+            f"layers.{layer}.norm.weight": (d, 1, "F32"),
+            f"layers.{layer}.attn.scale": (d, 1, "F8_E4M3"),
+        }
         for name, (r, c, dt) in mats.items():
             isz = DTYPES[dt].itemsize
             raw = rng.integers(0, 256, r * c * isz, dtype=np.uint8)
@@ -151,7 +181,9 @@ def make_bench_file(path, size: int = 4 << 30, seed: int = 0) -> str:
             total += r * c * isz
         layer += 1
     tensors["position_ids"] = np.arange(8192, dtype=np.int64)
-    save_file(tensors, path, metadata={"format": "pt", "generator": "phoenix.bench.loader.make_bench_file"}, dtypes=dtypes)
+    save_file(
+        tensors, path, metadata={"format": "pt", "generator": "phoenix.bench.loader.make_bench_file"}, dtypes=dtypes
+    )
     return os.fspath(path)
 
 
@@ -180,25 +212,39 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "phx"
     vendor = vendor_runtime(select_only=True).name
-    raise ValueError(f"--device {device}: no CUDA on this machine ({why}); use --device phx (device memory of the "
-                     f"selected vendor, here {vendor!r}) or --device cpu")
+    raise ValueError(
+        f"--device {device}: no CUDA on this machine ({why}); use --device phx (device memory of the "
+        f"selected vendor, here {vendor!r}) or --device cpu"
+    )
 
 
 def add_parser(sub) -> None:
     """``phx bench loader FILE``: called from phoenix.bench.cli.add_parser."""
-    b = sub.add_parser("loader", help="phxloader vs safetensors vs raw O_DIRECT, cold and warm",
-                       description="Load a safetensors file with phxloader and with safetensors.torch.load_file, "
-                       "cold (page cache dropped) and warm, beside a raw O_DIRECT read of the same file, interleaved.")
+    b = sub.add_parser(
+        "loader",
+        help="phxloader vs safetensors vs raw O_DIRECT, cold and warm",
+        description="Load a safetensors file with phxloader and with safetensors.torch.load_file, "
+        "cold (page cache dropped) and warm, beside a raw O_DIRECT read of the same file, interleaved.",
+    )
     b.add_argument("file", help="a .safetensors file (--make writes one)")
-    b.add_argument("--device", type=device_arg, default="auto",
-                   help=f"where the tensors go: {DEVICE_FORMS} (default auto: cuda where torch sees a CUDA device, "
-                   "else phx, device memory of the vendor PHX_VENDOR selects)")
+    b.add_argument(
+        "--device",
+        type=device_arg,
+        default="auto",
+        help=f"where the tensors go: {DEVICE_FORMS} (default auto: cuda where torch sees a CUDA device, "
+        "else phx, device memory of the vendor PHX_VENDOR selects)",
+    )
     b.add_argument("--reps", type=positive_int, default=3, help="repetitions; the median is reported (default 3)")
-    b.add_argument("--chunk", type=positive_size, default=DEFAULT_CHUNK,
-                   help="bytes of tensors allocated and submitted per group (default 256M)")
+    b.add_argument(
+        "--chunk",
+        type=positive_size,
+        default=DEFAULT_CHUNK,
+        help="bytes of tensors allocated and submitted per group (default 256M)",
+    )
     b.add_argument("--depth", type=positive_int, default=DEFAULT_DEPTH, help="groups in flight (default 8)")
-    b.add_argument("--make", metavar="SIZE", type=positive_size,
-                   help="first write a multi-dtype file of SIZE (e.g. 8G) if absent")
+    b.add_argument(
+        "--make", metavar="SIZE", type=positive_size, help="first write a multi-dtype file of SIZE (e.g. 8G) if absent"
+    )
     b.add_argument("--json", metavar="OUT", help="also write the result as JSON")
     b.set_defaults(func=main)
 
@@ -207,12 +253,17 @@ def main(args) -> int:
     vendor_runtime(select_only=True)  # a PHX_VENDOR typo is refused even where only host memory is used
     device = resolve_device(args.device)
     if args.device != device:
-        print(f"device: {device} ({'torch sees a CUDA device' if device == 'cuda' else 'no CUDA here: device memory of the selected vendor'})")
+        print(
+            f"device: {device} ({'torch sees a CUDA device' if device == 'cuda' else 'no CUDA here: device memory of the selected vendor'})"
+        )
     if args.make and not os.path.exists(args.file):
         make_bench_file(args.file, args.make)
     if not os.path.isfile(args.file):
-        raise FileNotFoundError(errno.ENOENT, f"{args.file}: no such file; give a .safetensors file, or --make SIZE "
-                                "(e.g. --make 1G) to write one there first")
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"{args.file}: no such file; give a .safetensors file, or --make SIZE "
+            "(e.g. --make 1G) to write one there first",
+        )
     res = bench(args.file, device, args.reps, chunk=args.chunk, depth=args.depth)
     if args.json:
         with open(args.json, "w") as f:

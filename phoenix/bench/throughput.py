@@ -117,10 +117,16 @@ class Bench:
 
     def record(self, op, impl, warm, nbytes, secs, cpu, threads, chunk, **extra):
         rec = {
-            "op": op, "impl": impl, "vendor": self.vendor, "warm": warm,
+            "op": op,
+            "impl": impl,
+            "vendor": self.vendor,
+            "warm": warm,
             "gbps": nbytes / secs / GB if secs > 0 else 0.0,
             "cpu_s_per_gb": cpu / (nbytes / GB) if nbytes else 0.0,
-            "threads": threads, "chunk": chunk, "size": nbytes, "seconds": secs,
+            "threads": threads,
+            "chunk": chunk,
+            "size": nbytes,
+            "seconds": secs,
             "test_double": bool(self.rt.is_test_double),
         }
         rec.update(extra)
@@ -156,14 +162,23 @@ class Bench:
             for impl, fn in impls[k:] + impls[:k]:
                 progress.step(f"{label.format(impl)} rep {rep + 1}/{reps}")
                 runs[impl].append(self.timed(fn, 1)[3][0])
-        return {impl: (rs[0][0], statistics.median(r[1] for r in rs), statistics.median(r[2] for r in rs),
-                       [round(r[1], 4) for r in rs]) for impl, rs in runs.items()}
+        return {
+            impl: (
+                rs[0][0],
+                statistics.median(r[1] for r in rs),
+                statistics.median(r[2] for r in rs),
+                [round(r[1], 4) for r in rs],
+            )
+            for impl, rs in runs.items()
+        }
 
     def _raw(self, op_write, random, size, chunk, threads, nops=0, odirect=True):
         return raw_transfer(self.args.file, op_write, random, size, chunk, threads, nops, odirect)
 
     def _naive(self, random, size, chunk, threads, nops=0, odirect=True):
-        return naive_transfer(self.dp, self.device, self.dev, self.args.file, random, size, chunk, threads, nops, odirect)
+        return naive_transfer(
+            self.dp, self.device, self.dev, self.args.file, random, size, chunk, threads, nops, odirect
+        )
 
     def _phoenix_read(self, size, threads, chunk):
         with self.phoenix.settings.override(threads=threads, chunk_size=chunk):
@@ -195,7 +210,9 @@ class Bench:
         with self.phoenix.settings.override(threads=t, queue_depth=max(1, -(-qd // t))):
             with self.phoenix.open(self.args.file, "r") as f:
                 if per_request:
-                    reqs = [(f, (self.dev + int(b), bs), bs, int(o), 0, "read") for o, b in zip(offs, bufo, strict=True)]
+                    reqs = [
+                        (f, (self.dev + int(b), bs), bs, int(o), 0, "read") for o, b in zip(offs, bufo, strict=True)
+                    ]
                     results = np.array([r if isinstance(r, int) else -1 for r in self.phoenix.batch(reqs)])
                 else:
                     results = f.read_many((self.dev, size), offs, bs, bufo, check=False)
@@ -230,6 +247,7 @@ class Bench:
         try:
             stream = self.rt.stream_create(self.device)
             try:
+
                 def run():
                     off = 0
                     while off < size:
@@ -262,8 +280,13 @@ def sequential_plan(args) -> list[tuple[str, str, int]]:
     """The (cache, op, threads) points of the sequential bench, in the order they run (no
     warm writes: a write goes to the page cache either way)."""
     temps = [t for t in TEMPERATURES if t in args.temperature]
-    return [(temp, op, t) for temp in temps for op in ("read", "write")
-            if op in args.ops and not (op == "write" and temp == "warm") for t in args.threads]
+    return [
+        (temp, op, t)
+        for temp in temps
+        for op in ("read", "write")
+        if op in args.ops and not (op == "write" and temp == "warm")
+        for t in args.threads
+    ]
 
 
 def planned_steps(args, plan, kvikio: bool, vendor: str) -> int:
@@ -283,8 +306,11 @@ def planned_steps(args, plan, kvikio: bool, vendor: str) -> int:
 def _writable(path: str, exc: OSError) -> OSError:
     """A refused write of the bench file, said as what to do about it."""
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return PermissionError(exc.errno, f"--file {path} is read-only ({os.strerror(exc.errno)}): the write figures "
-                               "need a writable file; pass --ops read (or read,randread), or a --file you may write")
+        return PermissionError(
+            exc.errno,
+            f"--file {path} is read-only ({os.strerror(exc.errno)}): the write figures "
+            "need a writable file; pass --ops read (or read,randread), or a --file you may write",
+        )
     return exc
 
 
@@ -307,8 +333,12 @@ def run(args, records: list[dict] | None = None) -> list[dict]:
             b.prepare_rep = (lambda: warm_cache(args.file, size)) if warm else (lambda: drop_cache(args.file))
             impls = []
             if op == "read":
-                impls.append(("raw_odirect" if not warm else "raw_buffered",
-                              lambda t=threads, w=warm: b._raw(False, False, size, chunk, t, odirect=not w)))
+                impls.append(
+                    (
+                        "raw_odirect" if not warm else "raw_buffered",
+                        lambda t=threads, w=warm: b._raw(False, False, size, chunk, t, odirect=not w),
+                    )
+                )
                 impls.append(("naive", lambda t=threads, w=warm: b._naive(False, size, chunk, t, odirect=not w)))
                 impls.append(("phoenix", lambda t=threads: b._phoenix_read(size, t, chunk)))
             else:
@@ -353,18 +383,36 @@ def run(args, records: list[dict] | None = None) -> list[dict]:
             nops = max(qd * 16, min(args.random_ops, size // bs * 4))
             b.prepare_rep = lambda: drop_cache(args.file)
             workers = max(1, min(qd, args.random_threads))
-            rimpls = [("raw_odirect", lambda: b._raw(False, True, size, bs, qd, nops)),
-                      ("phoenix", lambda: b._phoenix_random(size, bs, qd, nops)),
-                      ("phoenix_batch", lambda: b._phoenix_random(size, bs, qd, nops, per_request=True))]
-            extra = {"phoenix": {"workers": workers, "api": "read_many"}, "phoenix_batch": {"workers": workers, "api": "batch"}}
+            rimpls = [
+                ("raw_odirect", lambda: b._raw(False, True, size, bs, qd, nops)),
+                ("phoenix", lambda: b._phoenix_random(size, bs, qd, nops)),
+                ("phoenix_batch", lambda: b._phoenix_random(size, bs, qd, nops, per_request=True)),
+            ]
+            extra = {
+                "phoenix": {"workers": workers, "api": "read_many"},
+                "phoenix_batch": {"workers": workers, "api": "batch"},
+            }
             # warm-up, untimed, as KvikIO's: these settings make a context of their own
             # (rings, streams, the pinned bounce pool), built once per process
             progress.step(f"random read {bs >> 10} KiB phoenix qd={qd}: first run (warm-up)")
             b._phoenix_random(size, bs, qd, qd * 4)
-            for impl, (nbytes, secs, cpu, runs_s) in b.interleaved(rimpls, args.reps, progress,
-                                                                    f"random read {bs >> 10} KiB {{}} qd={qd}").items():
-                b.record("randread", impl, False, nbytes, secs, cpu, qd, bs, iops=nops / secs, reps=len(runs_s),
-                         runs_s=runs_s, **extra.get(impl, {}))
+            for impl, (nbytes, secs, cpu, runs_s) in b.interleaved(
+                rimpls, args.reps, progress, f"random read {bs >> 10} KiB {{}} qd={qd}"
+            ).items():
+                b.record(
+                    "randread",
+                    impl,
+                    False,
+                    nbytes,
+                    secs,
+                    cpu,
+                    qd,
+                    bs,
+                    iops=nops / secs,
+                    reps=len(runs_s),
+                    runs_s=runs_s,
+                    **extra.get(impl, {}),
+                )
         if b.vendor != "host":
             progress.step("pinned host -> device copy")
             b.prepare_rep = None
@@ -373,9 +421,14 @@ def run(args, records: list[dict] | None = None) -> list[dict]:
     finally:
         progress.done()
         b.close()
-        meta = {"host": socket.gethostname(), "platform": platform.platform(),
-                "date": datetime.datetime.now().isoformat(timespec="seconds"), "file": args.file, "kvikio": kv_why,
-                "argv": sys.argv}  # argv: the command that made the record
+        meta = {
+            "host": socket.gethostname(),
+            "platform": platform.platform(),
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "file": args.file,
+            "kvikio": kv_why,
+            "argv": sys.argv,
+        }  # argv: the command that made the record
         for r in b.records:  # in `finally`: the records of a run a later failure stopped carry it too
             r.setdefault("meta", meta)
     return b.records
@@ -383,7 +436,9 @@ def run(args, records: list[dict] | None = None) -> list[dict]:
 
 def table(records: list[dict]) -> str:
     """Rows grouped by (op, cache, threads), each ratio against raw of that group."""
-    lines = [f"{'op':<9} {'cache':<5} {'thr':>4} {'impl':<13} {'GB/s':>8} {'ratio':>7} {'vs bus':>7} {'CPU s/GB':>9} {'IOPS':>9}"]
+    lines = [
+        f"{'op':<9} {'cache':<5} {'thr':>4} {'impl':<13} {'GB/s':>8} {'ratio':>7} {'vs bus':>7} {'CPU s/GB':>9} {'IOPS':>9}"
+    ]
     bus = next((r["gbps"] for r in records if r["impl"] == "h2d_pinned"), None)
     groups: dict = {}
     for r in records:
@@ -395,7 +450,9 @@ def table(records: list[dict]) -> str:
             vbus = f"{r['gbps'] / bus:.3f}x" if bus and r["warm"] and op == "read" else ""
             iops = f"{r['iops']:.0f}" if "iops" in r else ""
             name = r["impl"] + (" 1st" if r.get("first") else "")
-            lines.append(f"{op:<9} {cache:<5} {thr:>4} {name:<13} {r['gbps']:>8.2f} {ratio:>7} {vbus:>7} {r['cpu_s_per_gb']:>9.3f} {iops:>9}")
+            lines.append(
+                f"{op:<9} {cache:<5} {thr:>4} {name:<13} {r['gbps']:>8.2f} {ratio:>7} {vbus:>7} {r['cpu_s_per_gb']:>9.3f} {iops:>9}"
+            )
     return "\n".join(lines)
 
 
@@ -479,8 +536,14 @@ def plot(records: list[dict], path: str) -> str:
             groups.setdefault((r["op"], r.get("cache") or ("warm" if r.get("warm") else "cold")), []).append(r)
     if not groups:
         return "no records to plot"
-    with plt.rc_context({"font.size": FONT["base"], "axes.labelsize": FONT["base"], "xtick.labelsize": FONT["tick"],
-                         "ytick.labelsize": FONT["tick"]}):
+    with plt.rc_context(
+        {
+            "font.size": FONT["base"],
+            "axes.labelsize": FONT["base"],
+            "xtick.labelsize": FONT["tick"],
+            "ytick.labelsize": FONT["tick"],
+        }
+    ):
         return _plot(plt, groups, h2d, records, path)
 
 
@@ -503,15 +566,21 @@ def _plot(plt, groups, h2d, records, path) -> str:
         if len(threads) == 1:
             names = [_label(r) for r in recs]
             vals = [val(r) for r in recs]
-            colors = ["tab:green" if r["impl"].startswith("phoenix") else "tab:gray" if r is ref else "tab:blue"
-                      for r in recs]
+            colors = [
+                "tab:green" if r["impl"].startswith("phoenix") else "tab:gray" if r is ref else "tab:blue" for r in recs
+            ]
             bars = ax.barh(range(len(recs)), vals, color=colors)
             ax.set_yticks(range(len(recs)), names, fontsize=FONT["tick"])
             ax.invert_yaxis()
             for b, r in zip(bars, recs, strict=True):
                 note = f" {val(r) / val(ref):.2f}x" if ref and val(ref) else ""
-                ax.text(b.get_width(), b.get_y() + b.get_height() / 2, f"{note}  {r['cpu_s_per_gb']:.2f} CPU s/GB",
-                        va="center", fontsize=FONT["note"])
+                ax.text(
+                    b.get_width(),
+                    b.get_y() + b.get_height() / 2,
+                    f"{note}  {r['cpu_s_per_gb']:.2f} CPU s/GB",
+                    va="center",
+                    fontsize=FONT["note"],
+                )
             ax.set_xlim(0, max(vals + [bus or 0]) * 1.45)
             ax.set_xlabel(unit)
             if bus:
@@ -535,8 +604,11 @@ def _plot(plt, groups, h2d, records, path) -> str:
         ax.grid(alpha=0.3)
     r0 = records[0]
     double = " (test double)" if r0.get("test_double") else ""
-    fig.suptitle(f"phx bench, vendor {r0['vendor']}{double}, chunk {r0['chunk'] >> 20} MiB, "
-                 f"{_size_label(r0['size'])}\nbars: ratio to the raw reference, CPU s/GB", fontsize=FONT["suptitle"])
+    fig.suptitle(
+        f"phx bench, vendor {r0['vendor']}{double}, chunk {r0['chunk'] >> 20} MiB, "
+        f"{_size_label(r0['size'])}\nbars: ratio to the raw reference, CPU s/GB",
+        fontsize=FONT["suptitle"],
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -553,26 +625,51 @@ def add_parser(sub):
         "naive loop (pread + synchronous copy), KvikIO where importable, and the pinned host->device copy on GPUs. "
         "Cold figures drop the file from the page cache first (fadvise; drop_caches when root).",
     )
-    p.add_argument("--file", default="/tmp/phx-bench.bin", help="file to use (created with random data if smaller than --size)")
+    p.add_argument(
+        "--file", default="/tmp/phx-bench.bin", help="file to use (created with random data if smaller than --size)"
+    )
     p.add_argument("--size", type=positive_size, default=1 << 30, help="bytes to move, e.g. 512M, 2G (default 1G)")
-    p.add_argument("--threads", type=comma_list(item=positive_int), default=[4], metavar="N[,N...]",
-                   help="comma-separated concurrency levels, e.g. 1,4,16 (default 4)")
+    p.add_argument(
+        "--threads",
+        type=comma_list(item=positive_int),
+        default=[4],
+        metavar="N[,N...]",
+        help="comma-separated concurrency levels, e.g. 1,4,16 (default 4)",
+    )
     p.add_argument("--chunk", type=positive_size, default=16 << 20, help="chunk size per request piece (default 16M)")
     p.add_argument("--reps", type=positive_int, default=3, help="repetitions; the median is reported (default 3)")
-    p.add_argument("--ops", type=comma_list(OPS), default=["read", "write"], metavar="{" + ",".join(OPS) + "}[,...]",
-                   help="comma-separated of read, write, randread (default read,write)")
-    p.add_argument("--temperature", type=comma_list(TEMPERATURES), default=["cold"], metavar="{cold,warm}[,...]",
-                   help="cold, warm or cold,warm (default cold)")
+    p.add_argument(
+        "--ops",
+        type=comma_list(OPS),
+        default=["read", "write"],
+        metavar="{" + ",".join(OPS) + "}[,...]",
+        help="comma-separated of read, write, randread (default read,write)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=comma_list(TEMPERATURES),
+        default=["cold"],
+        metavar="{cold,warm}[,...]",
+        help="cold, warm or cold,warm (default cold)",
+    )
     p.add_argument("--random-bs", type=positive_size, default=64 << 10, help="random read size (default 64K)")
     p.add_argument("--qd", type=positive_int, default=64, help="random reads in flight (default 64)")
     p.add_argument("--random-ops", type=positive_int, default=20000, help="random reads per repetition (default 20000)")
-    p.add_argument("--random-threads", type=positive_int, default=8,
-                   help="phoenix workers for random reads; each keeps qd/threads reads in flight (default 8: "
-                        "on the H200 VM 8 x 8 matched the raw rate at 0.7x the CPU of 16 x 4)")
+    p.add_argument(
+        "--random-threads",
+        type=positive_int,
+        default=8,
+        help="phoenix workers for random reads; each keeps qd/threads reads in flight (default 8: "
+        "on the H200 VM 8 x 8 matched the raw rate at 0.7x the CPU of 16 x 4)",
+    )
     p.add_argument("--device", type=int, default=0, help="device ordinal (default 0)")
     p.add_argument("--json", metavar="FILE", help="write the records as a JSON list")
-    p.add_argument("--plot", metavar="FILE", help="write a PNG: a panel per operation and cache state, bars with "
-                   "the ratio to the raw reference and CPU s/GB (lines where several concurrencies ran)")
+    p.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="write a PNG: a panel per operation and cache state, bars with "
+        "the ratio to the raw reference and CPU s/GB (lines where several concurrencies ran)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=main)
     return p
@@ -590,7 +687,9 @@ def report(records: list[dict], args, stopped: BaseException | None = None) -> N
     print()
     print(legend(records))
     if records and records[0].get("test_double"):
-        print(f"\nvendor {records[0]['vendor']} is a test double: 'device memory' is host memory; these are not accelerator figures.")
+        print(
+            f"\nvendor {records[0]['vendor']} is a test double: 'device memory' is host memory; these are not accelerator figures."
+        )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(records, fh, indent=1)

@@ -147,8 +147,10 @@ def vendor_runtime(select_only: bool = False):
         named = os.environ.get("PHX_VENDOR", "auto").strip()
         if named in ("", "auto"):
             raise
-        raise VendorUnavailable(f"PHX_VENDOR={named}: {exc}; set PHX_VENDOR=auto (or host) to use what is usable "
-                                "here ('phx info' lists the vendors)") from exc
+        raise VendorUnavailable(
+            f"PHX_VENDOR={named}: {exc}; set PHX_VENDOR=auto (or host) to use what is usable "
+            "here ('phx info' lists the vendors)"
+        ) from exc
 
 
 # ---- argparse ----------------------------------------------------------------------------------
@@ -230,13 +232,15 @@ def comma_list(choices: Iterable[str] | None = None, item: Callable[[str], objec
     def parse(text: str) -> list:
         parts = [p.strip() for p in text.split(",") if p.strip()]
         if not parts:
-            raise argparse.ArgumentTypeError(f"{text!r}: give at least one value" +
-                                             (f" of {', '.join(valid)}" if valid else ""))
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: give at least one value" + (f" of {', '.join(valid)}" if valid else "")
+            )
         if valid is not None:
             bad = [p for p in parts if p not in valid]
             if bad:
                 raise argparse.ArgumentTypeError(
-                    f"{', '.join(map(repr, bad))} {'is' if len(bad) == 1 else 'are'} not one of {', '.join(valid)}")
+                    f"{', '.join(map(repr, bad))} {'is' if len(bad) == 1 else 'are'} not one of {', '.join(valid)}"
+                )
         return [item(p) for p in parts]
 
     parse.__name__ = "list"

@@ -91,12 +91,33 @@ def gather_info() -> dict:
     return info
 
 
-SIZE_KEYS = {"total_memory", "chunk_size", "bounce_pool_size", "fmap_cache", "fmap_window", "bounce_pool", "chunk",
-             "staged_chunk", "max_slot", "budget", "window", "bytes", "pinned"}
+SIZE_KEYS = {
+    "total_memory",
+    "chunk_size",
+    "bounce_pool_size",
+    "fmap_cache",
+    "fmap_window",
+    "bounce_pool",
+    "chunk",
+    "staged_chunk",
+    "max_slot",
+    "budget",
+    "window",
+    "bytes",
+    "pinned",
+}
 SECONDS_KEYS = {"fmap_idle", "idle"}  # page-cache windows' idle timeout: 0 is never
-IO_TITLES = {"settings": "settings (PHX_* environment)", "sizes": "sizes", "engines": "engines", "o_direct": "O_DIRECT",
-             "page_cache_probe": "page-cache probe", "vendor": "vendor data path", "stream_ordered": "stream-ordered I/O",
-             "caller_stream": "ordering after the caller's stream", "modes": "paths"}
+IO_TITLES = {
+    "settings": "settings (PHX_* environment)",
+    "sizes": "sizes",
+    "engines": "engines",
+    "o_direct": "O_DIRECT",
+    "page_cache_probe": "page-cache probe",
+    "vendor": "vendor data path",
+    "stream_ordered": "stream-ordered I/O",
+    "caller_stream": "ordering after the caller's stream",
+    "modes": "paths",
+}
 
 
 def human_size(n) -> str:
@@ -208,9 +229,11 @@ def _print_info(info: dict) -> None:
             printer.item(IO_TITLES.get(key, key), value, 2)
         fm = io.get("modes", {}).get("zero_copy_file_mappings", {}).get("state")
         if isinstance(fm, dict) and fm.get("mode") != "off":  # this process's pool: pinned now, of the budget
-            print(f"  page-cache windows pinned: {human_size(fm['pinned'])} in {fm['windows']} windows "
-                  f"(budget {human_size(fm['budget'])}, released after {_value('idle', fm['idle'])} unread "
-                  f"and under memory pressure)")
+            print(
+                f"  page-cache windows pinned: {human_size(fm['pinned'])} in {fm['windows']} windows "
+                f"(budget {human_size(fm['budget'])}, released after {_value('idle', fm['idle'])} unread "
+                f"and under memory pressure)"
+            )
     elif info.get("io_error"):
         print(f"\nI/O: unavailable: {info['io_error']}")
 

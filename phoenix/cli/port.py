@@ -80,26 +80,50 @@ def build_parser() -> argparse.ArgumentParser:
         usage="phx-port test [options] NAME [-- PYTEST_ARGS ...]",
         help="run the conformance suite for one vendor and write a capability report",
         description="Run the conformance suite against vendor NAME, print a capability table and write "
-                    "it as JSON and Markdown. Exits non-zero if any capability fails.",
+        "it as JSON and Markdown. Exits non-zero if any capability fails.",
         epilog=EPILOG_TEST,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("name", help="vendor to test (see `phx-port list`)")
-    p.add_argument("--report-dir", default=DEFAULT_REPORT_DIR, metavar="DIR",
-                   help=f"where to write conformance-NAME.json and .md (default: ./{DEFAULT_REPORT_DIR}/)")
-    p.add_argument("-k", dest="keyword", metavar="EXPR",
-                   help="only tests matching this pytest -k expression (e.g. 'copies and not 64mib')")
-    p.add_argument("-q", "--quiet", action="store_true",
-                   help="print only the capability table (pytest's output is shown only on failure)")
-    p.add_argument("--test-timeout", type=float, default=120.0, metavar="SECONDS",
-                   help="a single test running longer is stopped and counted as failed (default 120; 0: none)")
-    p.add_argument("--engine", choices=("auto", "io_uring", "threads"), metavar="ENGINE",
-                   help="I/O engine for the suite's I/O capabilities: auto, io_uring or threads "
-                        "(sets PHX_IO_ENGINE for the run; recorded in the report)")
+    p.add_argument(
+        "--report-dir",
+        default=DEFAULT_REPORT_DIR,
+        metavar="DIR",
+        help=f"where to write conformance-NAME.json and .md (default: ./{DEFAULT_REPORT_DIR}/)",
+    )
+    p.add_argument(
+        "-k",
+        dest="keyword",
+        metavar="EXPR",
+        help="only tests matching this pytest -k expression (e.g. 'copies and not 64mib')",
+    )
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="print only the capability table (pytest's output is shown only on failure)",
+    )
+    p.add_argument(
+        "--test-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="a single test running longer is stopped and counted as failed (default 120; 0: none)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("auto", "io_uring", "threads"),
+        metavar="ENGINE",
+        help="I/O engine for the suite's I/O capabilities: auto, io_uring or threads "
+        "(sets PHX_IO_ENGINE for the run; recorded in the report)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
-    p.add_argument("--emulated", action="store_true",
-                   help="run against an emulated runtime (a test double) built with the port's symbol prefix "
-                        "and library name, instead of the vendor's own runtime")
+    p.add_argument(
+        "--emulated",
+        action="store_true",
+        help="run against an emulated runtime (a test double) built with the port's symbol prefix "
+        "and library name, instead of the vendor's own runtime",
+    )
     # Arguments after `--` go to pytest untouched (main() splits them off before parsing).
     p.set_defaults(func=cmd_test, pytest_args=[])
 
@@ -107,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
         "list",
         help="list the vendors found, with source, availability and why",
         description="List every vendor phoenix can find, where it comes from, whether it can serve on this "
-                    "machine (its probe), and why not. Import errors are shown, not raised.",
+        "machine (its probe), and why not. Import errors are shown, not raised.",
         epilog=EPILOG_LIST,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -166,27 +190,50 @@ def _add_new(sub) -> None:
         epilog=EPILOG_NEW,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("name", help="vendor name: a lowercase Python identifier, not reserved, not an existing vendor "
-                                "(it names the directory, PHX_VENDOR=NAME and phx_NAME.ko)")
-    p.add_argument("--like", choices=("cuda",), default=None,
-                   help="the runtime's shape: 'cuda' for a CUDA-shaped runtime with another symbol prefix "
-                        "(needs --prefix and --lib); without it, a blank port")
+    p.add_argument(
+        "name",
+        help="vendor name: a lowercase Python identifier, not reserved, not an existing vendor "
+        "(it names the directory, PHX_VENDOR=NAME and phx_NAME.ko)",
+    )
+    p.add_argument(
+        "--like",
+        choices=("cuda",),
+        default=None,
+        help="the runtime's shape: 'cuda' for a CUDA-shaped runtime with another symbol prefix "
+        "(needs --prefix and --lib); without it, a blank port",
+    )
     p.add_argument("--prefix", metavar="P", help="the runtime's symbol prefix (mc for mcMalloc, hip for hipMalloc)")
-    p.add_argument("--lib", dest="library", metavar="LIB",
-                   help="the runtime library's file name, lib<name>.so[.N] (libmcruntime.so); with --like cuda "
-                        "also the emulator's name for `phx-port test NAME --emulated`")
-    p.add_argument("--pci-vendor", metavar="0xNNNN",
-                   help="PCI vendor id of the devices, for p2p.c (lspci -nn); left as a place to fill if not given")
-    p.add_argument("--page-size", default="65536", metavar="BYTES",
-                   help="P2P page size, a power of two >= 4096 (65536, 64K, 2M), written equal into runtime.py "
-                        "(p2p_page_size) and p2p.c (.page_size); default 65536")
+    p.add_argument(
+        "--lib",
+        dest="library",
+        metavar="LIB",
+        help="the runtime library's file name, lib<name>.so[.N] (libmcruntime.so); with --like cuda "
+        "also the emulator's name for `phx-port test NAME --emulated`",
+    )
+    p.add_argument(
+        "--pci-vendor",
+        metavar="0xNNNN",
+        help="PCI vendor id of the devices, for p2p.c (lspci -nn); left as a place to fill if not given",
+    )
+    p.add_argument(
+        "--page-size",
+        default="65536",
+        metavar="BYTES",
+        help="P2P page size, a power of two >= 4096 (65536, 64K, 2M), written equal into runtime.py "
+        "(p2p_page_size) and p2p.c (.page_size); default 65536",
+    )
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--out", metavar="DIR",
-                       help="write an out-of-tree package into DIR (pyproject.toml with the phoenix.vendors entry "
-                            "point, DIR/phoenix_vendor_NAME/) instead of vendors/NAME/")
-    where.add_argument("--vendors-dir", metavar="DIR",
-                       help="write DIR/NAME/ instead of this checkout's vendors/NAME/ (found through "
-                            "PHX_VENDOR_PATH=DIR)")
+    where.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write an out-of-tree package into DIR (pyproject.toml with the phoenix.vendors entry "
+        "point, DIR/phoenix_vendor_NAME/) instead of vendors/NAME/",
+    )
+    where.add_argument(
+        "--vendors-dir",
+        metavar="DIR",
+        help="write DIR/NAME/ instead of this checkout's vendors/NAME/ (found through PHX_VENDOR_PATH=DIR)",
+    )
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     p.set_defaults(func=cmd_new)
 
@@ -196,17 +243,21 @@ def _add_check(sub) -> None:
         "check",
         help="static checks of a port: both files, every operation, page size, kernel build, prototype table",
         description="Check a vendor port without running it: both files present, every operation implemented, "
-                    "the page size equal on both sides, the kernel file compiling, the prototype table "
-                    "resolving against the runtime library. Each finding points at file:line.",
+        "the page size equal on both sides, the kernel file compiling, the prototype table "
+        "resolving against the runtime library. Each finding points at file:line.",
         epilog=EPILOG_CHECK,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("name", help="vendor to check (see `phx-port list`)")
-    p.add_argument("--dir", metavar="DIR",
-                   help="the directory holding runtime.py and p2p.c (default: where phoenix finds NAME)")
-    p.add_argument("--kdir", metavar="DIR",
-                   help="kernel build tree to compile p2p.c against (default: /lib/modules/$(uname -r)/build, "
-                        "else the newest /usr/src/linux-headers-*-amd64); 'none': syntax check with stub headers")
+    p.add_argument(
+        "--dir", metavar="DIR", help="the directory holding runtime.py and p2p.c (default: where phoenix finds NAME)"
+    )
+    p.add_argument(
+        "--kdir",
+        metavar="DIR",
+        help="kernel build tree to compile p2p.c against (default: /lib/modules/$(uname -r)/build, "
+        "else the newest /usr/src/linux-headers-*-amd64); 'none': syntax check with stub headers",
+    )
     p.add_argument("--no-kernel-build", action="store_true", help="do not compile p2p.c")
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
     p.set_defaults(func=cmd_check)
@@ -220,10 +271,16 @@ def cmd_new(args) -> int:
 
     try:
         req = scaffold.NewPort(
-            name=args.name, like=args.like, prefix=args.prefix, library=args.library,
+            name=args.name,
+            like=args.like,
+            prefix=args.prefix,
+            library=args.library,
             pci_vendor=scaffold.parse_pci_vendor(args.pci_vendor) if args.pci_vendor else None,
-            page_size=scaffold.parse_page_size(args.page_size), out=args.out, vendors_dir=args.vendors_dir,
-            command="phx-port " + shlex.join(args.argv))
+            page_size=scaffold.parse_page_size(args.page_size),
+            out=args.out,
+            vendors_dir=args.vendors_dir,
+            command="phx-port " + shlex.join(args.argv),
+        )
         target, files = scaffold.generate(req)
     except scaffold.ScaffoldError as exc:
         print(f"phx-port new: {exc}", file=sys.stderr)
@@ -241,7 +298,10 @@ def cmd_new(args) -> int:
     elif args.out:
         print(f"\ninstall it so phoenix finds it: pip install -e {target}")
     print("\nnext:")
-    print(f"  {find}phx-port check {args.name}" + (f" --dir {os.path.dirname(next(f for f in files if f.endswith('runtime.py')))}" if args.out else ""))
+    print(
+        f"  {find}phx-port check {args.name}"
+        + (f" --dir {os.path.dirname(next(f for f in files if f.endswith('runtime.py')))}" if args.out else "")
+    )
     if args.like:
         print(f"  {find}phx-port test {args.name} --emulated     # the suite against an emulated {args.library}")
     else:
@@ -279,13 +339,28 @@ def vendor_rows() -> list[dict]:
     for name, entry in registry.discover().items():
         cls = entry.load()
         if cls is None:
-            rows.append({"vendor": name, "source": entry.source, "location": entry.location,
-                         "available": False, "test_double": None, "reason": entry.error})
+            rows.append(
+                {
+                    "vendor": name,
+                    "source": entry.source,
+                    "location": entry.location,
+                    "available": False,
+                    "test_double": None,
+                    "reason": entry.error,
+                }
+            )
             continue
         probe = entry.probe()
-        rows.append({"vendor": name, "source": entry.source, "location": entry.location,
-                     "available": bool(probe.usable), "test_double": bool(cls.is_test_double),
-                     "reason": probe.reason})
+        rows.append(
+            {
+                "vendor": name,
+                "source": entry.source,
+                "location": entry.location,
+                "available": bool(probe.usable),
+                "test_double": bool(cls.is_test_double),
+                "reason": probe.reason,
+            }
+        )
     return rows
 
 
@@ -332,8 +407,11 @@ def cmd_test(args) -> int:
     name = args.name
     missing = _missing_tools()
     if missing:
-        print(f"phx-port test: the conformance suite needs {' and '.join(missing)}: "
-              "pip install 'phoenix-direct-storage[test]'", file=sys.stderr)
+        print(
+            f"phx-port test: the conformance suite needs {' and '.join(missing)}: "
+            "pip install 'phoenix-direct-storage[test]'",
+            file=sys.stderr,
+        )
         return 2
     vendors = registry.discover()
     if name not in vendors:
@@ -350,10 +428,14 @@ def cmd_test(args) -> int:
         emulated = _emulate(entry, env, announce=not (args.quiet or args.json))
         if emulated is None:
             return 2
-    run = conformance.run_suite(name, pytest_args=extra, keyword=args.keyword, quiet=args.quiet,
-                                test_timeout=args.test_timeout, env=env)
+    run = conformance.run_suite(
+        name, pytest_args=extra, keyword=args.keyword, quiet=args.quiet, test_timeout=args.test_timeout, env=env
+    )
     report = conformance.build_report(
-        name, run, command=command, is_test_double=entry.is_test_double,
+        name,
+        run,
+        command=command,
+        is_test_double=entry.is_test_double,
         vendor_info={"source": entry.source, "location": entry.location},
         settings={k: v for k, v in sorted(env.items()) if k.startswith("PHX_")},
         emulated=emulated,
@@ -393,8 +475,11 @@ def _emulate(entry, env: dict, announce: bool = True) -> dict | None:
     env.setdefault("PHX_HOST_DEVICES", "2")  # the emulator's device count: exercise multi-device paths
     via = ", ".join(k if v is None else f"{k}={v}" for k, v in changes.items() if v is not None)
     if announce:
-        print(f"{emulator.LABEL}: {emu.library_name} with {emu.prefix}* symbols, built from {emu.source}\n"
-              f"  library: {emu.library}\n  vendor {entry.name!r} pointed at it with {via}", flush=True)
+        print(
+            f"{emulator.LABEL}: {emu.library_name} with {emu.prefix}* symbols, built from {emu.source}\n"
+            f"  library: {emu.library}\n  vendor {entry.name!r} pointed at it with {via}",
+            flush=True,
+        )
     return {**emu.describe(), "via": via}
 
 
@@ -407,7 +492,7 @@ def _main(argv: list[str]) -> int:
     ours, passthrough = argv, []
     if "--" in argv:
         cut = argv.index("--")
-        ours, passthrough = argv[:cut], argv[cut + 1:]
+        ours, passthrough = argv[:cut], argv[cut + 1 :]
     parser = build_parser()
     args = parser.parse_args(ours)
     if passthrough:

@@ -68,7 +68,7 @@ CAPABILITIES: dict[str, str] = {
     "io_concurrency": "reads and writes from several threads at once, checked against a reference",
     "io_stream_ordering": "read_async/write_async keep stream order with copies and host callbacks",
     "io_caller_stream": "blocking calls and futures run after work queued on the caller's stream (raw handles, "
-                        "default and side streams, torch and CuPy current streams)",
+    "default and side streams, torch and CuPy current streams)",
     "io_extents": "an extent past its registration or allocation: EFAULT, nothing written (guards checked)",
     "io_errors": "closed file, wrong open mode, ENOSPC, bad arguments: PhxIOError naming file, offset, length",
 }
@@ -125,12 +125,29 @@ def run_suite(
     sdir = suite_dir()
     # `python -m pytest` would put the working directory first on sys.path: run from a
     # source checkout, that shadows the installed phoenix (its vendors, its C core)
-    cmd = [sys.executable, "-c", "import sys; del sys.path[0]; import pytest; sys.exit(pytest.main())", "-c", ini, "--rootdir", sdir, "--confcutdir", sdir,
-           "-p", "phoenix.conformance.plugin", "-p", "no:cacheprovider",
-           "--phx-vendor", vendor, "--phx-results", results, "-rfE",
-           # Python's own tracebacks: as clear here, and a third of the cost of pytest's
-           # when a broken port fails hundreds of tests (a later --tb in pytest_args wins)
-           "--tb=native"]
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; del sys.path[0]; import pytest; sys.exit(pytest.main())",
+        "-c",
+        ini,
+        "--rootdir",
+        sdir,
+        "--confcutdir",
+        sdir,
+        "-p",
+        "phoenix.conformance.plugin",
+        "-p",
+        "no:cacheprovider",
+        "--phx-vendor",
+        vendor,
+        "--phx-results",
+        results,
+        "-rfE",
+        # Python's own tracebacks: as clear here, and a third of the cost of pytest's
+        # when a broken port fails hundreds of tests (a later --tb in pytest_args wins)
+        "--tb=native",
+    ]
     if quiet:
         cmd.append("-q")
     if keyword:
@@ -148,35 +165,63 @@ def run_suite(
     output: list[str] = []
     while True:
         argv = cmd[:-1] + (["--phx-resume"] if exit_codes else []) + cmd[-1:]
-        proc = subprocess.run(argv, env=child_env,
-                              stdout=subprocess.PIPE if quiet else None,
-                              stderr=subprocess.STDOUT if quiet else None, text=True, errors="replace")
+        proc = subprocess.run(
+            argv,
+            env=child_env,
+            stdout=subprocess.PIPE if quiet else None,
+            stderr=subprocess.STDOUT if quiet else None,
+            text=True,
+            errors="replace",
+        )
         exit_codes.append(proc.returncode)
         if quiet:
             output.append(proc.stdout or "")
         events = read_events(results)
-        if any(ev.get("event") == "finish" for ev in events[_last_session(events):]):
+        if any(ev.get("event") == "finish" for ev in events[_last_session(events) :]):
             break
         # the child died before the end of the session: inside which test?
         finished = {ev["nodeid"] for ev in events if ev.get("event") == "result"}
         started = [ev for ev in events if ev.get("event") == "start" and ev["nodeid"] not in finished]
         if not started:
-            crashes.append({"nodeid": None, "message": f"the test process ended outside any test ({_describe_exit(proc.returncode)})"})
+            crashes.append(
+                {
+                    "nodeid": None,
+                    "message": f"the test process ended outside any test ({_describe_exit(proc.returncode)})",
+                }
+            )
             break
         ev = started[-1]
         elapsed = time.time() - ev.get("t", time.time())
         hung = ev.get("timeout") and elapsed >= ev["timeout"] - 0.5
-        cause = (f"hung: still running after {ev['timeout']:g} s, stopped by the watchdog"
-                 if hung else f"crashed: the test process died ({_describe_exit(proc.returncode)})")
+        cause = (
+            f"hung: still running after {ev['timeout']:g} s, stopped by the watchdog"
+            if hung
+            else f"crashed: the test process died ({_describe_exit(proc.returncode)})"
+        )
         message = f"{cause}; later tests ran in a fresh process"
-        crashes.append({"nodeid": ev["nodeid"], "capability": ev.get("capability"), "message": message,
-                        "exit": proc.returncode})
+        crashes.append(
+            {"nodeid": ev["nodeid"], "capability": ev.get("capability"), "message": message, "exit": proc.returncode}
+        )
         with open(results, "a") as fh:  # so the resumed run deselects it
-            fh.write(json.dumps({"event": "result", "nodeid": ev["nodeid"], "outcome": "failed",
-                                 "message": message, "duration": elapsed}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "event": "result",
+                        "nodeid": ev["nodeid"],
+                        "outcome": "failed",
+                        "message": message,
+                        "duration": elapsed,
+                    }
+                )
+                + "\n"
+            )
         if len(crashes) > MAX_CRASHES:
-            crashes.append({"nodeid": None, "message": f"gave up after {len(crashes)} crashed or hung tests; "
-                                                       "the tests after them did not run"})
+            crashes.append(
+                {
+                    "nodeid": None,
+                    "message": f"gave up after {len(crashes)} crashed or hung tests; the tests after them did not run",
+                }
+            )
             break
     events = read_events(results)
     if own_dir:
@@ -186,8 +231,14 @@ def run_suite(
             os.rmdir(workdir)
         except OSError:
             pass
-    return {"events": events, "crashes": crashes, "exit_codes": exit_codes,
-            "output": "".join(output), "duration_s": round(time.monotonic() - t0, 3), "argv": cmd}
+    return {
+        "events": events,
+        "crashes": crashes,
+        "exit_codes": exit_codes,
+        "output": "".join(output),
+        "duration_s": round(time.monotonic() - t0, 3),
+        "argv": cmd,
+    }
 
 
 def read_events(path: str) -> list[dict]:
@@ -216,9 +267,16 @@ def _strip_nodeid(nodeid: str) -> str:
     return os.path.basename(path) + sep + rest
 
 
-def build_report(vendor: str, run: dict, *, command: str = "", is_test_double: bool | None = None,
-                 vendor_info: dict | None = None, settings: dict | None = None,
-                 emulated: dict | None = None) -> dict:
+def build_report(
+    vendor: str,
+    run: dict,
+    *,
+    command: str = "",
+    is_test_double: bool | None = None,
+    vendor_info: dict | None = None,
+    settings: dict | None = None,
+    emulated: dict | None = None,
+) -> dict:
     """The capability report of one run (what is written as JSON and rendered as a table).
 
     ``emulated`` (``phx-port test --emulated``) describes the emulated runtime the vendor
@@ -250,14 +308,16 @@ def build_report(vendor: str, run: dict, *, command: str = "", is_test_double: b
     tests = []
     for nodeid, cap in capability_of.items():
         res = results.get(nodeid)
-        tests.append({
-            "test": _strip_nodeid(nodeid),
-            "capability": cap,
-            "outcome": res["outcome"] if res else "not run",
-            "message": (res or {}).get("message", ""),
-            "duration_s": round((res or {}).get("duration", 0.0), 4),
-            **({"details": res["longrepr"]} if res and res.get("longrepr") else {}),
-        })
+        tests.append(
+            {
+                "test": _strip_nodeid(nodeid),
+                "capability": cap,
+                "outcome": res["outcome"] if res else "not run",
+                "message": (res or {}).get("message", ""),
+                "duration_s": round((res or {}).get("duration", 0.0), 4),
+                **({"details": res["longrepr"]} if res and res.get("longrepr") else {}),
+            }
+        )
     ran = [t for t in tests if t["outcome"] != "not run"]
 
     names = list(CAPABILITIES) + sorted({t["capability"] for t in ran} - set(CAPABILITIES))
@@ -275,9 +335,19 @@ def build_report(vendor: str, run: dict, *, command: str = "", is_test_double: b
             result, first = "pass", (skipped[0] if skipped else None)
         else:
             result, first = "skip", skipped[0]
-        reason = f"{first['test']}: {first['message']}" if first and result == "fail" else (first or {}).get("message", "")
-        caps.append({"capability": name, "description": CAPABILITIES.get(name, ""), "result": result,
-                     "tests": len(mine), **count, "reason": reason})
+        reason = (
+            f"{first['test']}: {first['message']}" if first and result == "fail" else (first or {}).get("message", "")
+        )
+        caps.append(
+            {
+                "capability": name,
+                "description": CAPABILITIES.get(name, ""),
+                "result": result,
+                "tests": len(mine),
+                **count,
+                "reason": reason,
+            }
+        )
 
     crashed_outside = [c for c in run.get("crashes", []) if c.get("nodeid") is None]
     if not ran:
@@ -319,11 +389,15 @@ def _emulation_errors(info: dict, emulated: dict) -> list[str]:
         return []
     bound = info.get("library")
     if not bound:
-        return [f"--emulated: cannot tell which runtime library vendor {info['name']!r} bound (its runtime has "
-                f"no shim `rt` with a `library`): the report cannot show the emulator was used"]
+        return [
+            f"--emulated: cannot tell which runtime library vendor {info['name']!r} bound (its runtime has "
+            f"no shim `rt` with a `library`): the report cannot show the emulator was used"
+        ]
     if os.path.realpath(bound) != os.path.realpath(emulated["library"]):
-        return [f"--emulated: vendor {info['name']!r} bound {bound}, not the emulated runtime "
-                f"{emulated['library']}: it does not honour {emulated.get('via') or 'the environment it was given'}"]
+        return [
+            f"--emulated: vendor {info['name']!r} bound {bound}, not the emulated runtime "
+            f"{emulated['library']}: it does not honour {emulated.get('via') or 'the environment it was given'}"
+        ]
     return []
 
 
@@ -331,9 +405,11 @@ def _emulated_line(report: dict) -> str | None:
     emu = report.get("emulated")
     if not emu:
         return None
-    return (f"runtime: {emu.get('label', 'emulated runtime (test double)')}: {emu.get('library_name')} "
-            f"(prefix {emu.get('prefix')}) built from {os.path.basename(emu.get('source', 'hostrt.c'))}, "
-            f"not the vendor's runtime or hardware")
+    return (
+        f"runtime: {emu.get('label', 'emulated runtime (test double)')}: {emu.get('library_name')} "
+        f"(prefix {emu.get('prefix')}) built from {os.path.basename(emu.get('source', 'hostrt.c'))}, "
+        f"not the vendor's runtime or hardware"
+    )
 
 
 def _cell(text: str, width: int = 0) -> str:
@@ -359,8 +435,13 @@ def format_table(report: dict, width: int = 110) -> str:
     w = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}".rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * x for x in w) + "  " + "-" * 30)
-    double = " (emulated runtime, test double)" if report.get("emulated") else \
-        " (test double)" if report["is_test_double"] else ""
+    double = (
+        " (emulated runtime, test double)"
+        if report.get("emulated")
+        else " (test double)"
+        if report["is_test_double"]
+        else ""
+    )
     t = report["totals"]
     partial = f" (partial run: {t['selected']} of {t['suite']} tests)" if report.get("partial") else ""
     head = f"phoenix conformance: vendor {report['vendor']}{double}: {report['result'].upper()}{partial}"
@@ -379,8 +460,11 @@ def format_markdown(report: dict) -> str:
         "",
         *([f"> **{esc(emulated)}**", ""] if emulated else []),
         f"- result: **{report['result'].upper()}**"
-        + (f" (partial run: {report['totals']['selected']} of {report['totals']['suite']} tests)"
-           if report.get("partial") else ""),
+        + (
+            f" (partial run: {report['totals']['selected']} of {report['totals']['suite']} tests)"
+            if report.get("partial")
+            else ""
+        ),
         f"- vendor: `{report['vendor']}`"
         + (" (**test double**: not real hardware)" if report["is_test_double"] else ""),
     ]
@@ -388,16 +472,24 @@ def format_markdown(report: dict) -> str:
     if info.get("runtime_description"):
         out.append(f"- runtime: {esc(info['runtime_description'])}")
     if isinstance(info.get("devices"), list):
-        out.append(f"- devices: {len(info['devices'])}: "
-                   + ", ".join(esc(f"{d.get('ordinal')}: {d.get('name')} ({d.get('pci_bus_id')})")
-                               for d in info["devices"] if isinstance(d, dict)))
+        out.append(
+            f"- devices: {len(info['devices'])}: "
+            + ", ".join(
+                esc(f"{d.get('ordinal')}: {d.get('name')} ({d.get('pci_bus_id')})")
+                for d in info["devices"]
+                if isinstance(d, dict)
+            )
+        )
     out += [
         f"- command: `{report['command']}`",
         f"- date: {report['date']}",
         f"- host: {report['host']} ({report['platform']}, Python {report['python']})",
         f"- phoenix version: {report['phoenix_version']}",
-        *([f"- settings: {esc(' '.join(f'{k}={v}' for k, v in report['settings'].items()))}"]
-          if report.get("settings") else []),
+        *(
+            [f"- settings: {esc(' '.join(f'{k}={v}' for k, v in report['settings'].items()))}"]
+            if report.get("settings")
+            else []
+        ),
         f"- tests: {report['totals']['passed']} passed, {report['totals']['failed']} failed, "
         f"{report['totals']['skipped']} skipped in {report['duration_s']} s",
         "",

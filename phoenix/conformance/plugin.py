@@ -66,16 +66,34 @@ _SUITE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 def pytest_addoption(parser):
     group = parser.getgroup("phoenix", "Phoenix conformance suite")
-    group.addoption("--phx-vendor", default=None, metavar="NAME",
-                    help="vendor under test (default: $PHX_VENDOR, else auto)")
-    group.addoption("--phx-results", default=None, metavar="FILE",
-                    help="append one JSON line per event (tests collected, started, finished) to FILE")
-    group.addoption("--phx-resume", action="store_true",
-                    help="deselect the tests already recorded in --phx-results (resuming after a crash)")
-    group.addoption("--phx-seed", type=int, default=0x5EED, metavar="N",
-                    help="base seed of the random data (each test derives its own from it and its name)")
-    group.addoption("--phx-test-timeout", type=float, default=120.0, metavar="SECONDS",
-                    help="a test running longer dumps its stacks and ends the run (0: no limit)")
+    group.addoption(
+        "--phx-vendor", default=None, metavar="NAME", help="vendor under test (default: $PHX_VENDOR, else auto)"
+    )
+    group.addoption(
+        "--phx-results",
+        default=None,
+        metavar="FILE",
+        help="append one JSON line per event (tests collected, started, finished) to FILE",
+    )
+    group.addoption(
+        "--phx-resume",
+        action="store_true",
+        help="deselect the tests already recorded in --phx-results (resuming after a crash)",
+    )
+    group.addoption(
+        "--phx-seed",
+        type=int,
+        default=0x5EED,
+        metavar="N",
+        help="base seed of the random data (each test derives its own from it and its name)",
+    )
+    group.addoption(
+        "--phx-test-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="a test running longer dumps its stacks and ends the run (0: no limit)",
+    )
 
 
 class _Recorder:
@@ -167,7 +185,8 @@ def pytest_collectreport(report):
     # a suite module that fails to import must fail the run, not vanish from the table
     if report.failed:
         _STATE["config"]._phx_recorder.emit(
-            "error", message=f"collecting {report.nodeid or 'the suite'} failed: {_short_message(report)}")
+            "error", message=f"collecting {report.nodeid or 'the suite'} failed: {_short_message(report)}"
+        )
 
 
 # -- per-test records and the watchdog ----------------------------------------------
@@ -177,8 +196,7 @@ def pytest_collectreport(report):
 def pytest_runtest_protocol(item, nextitem):
     config = item.config
     timeout = config.getoption("--phx-test-timeout") or 0
-    config._phx_recorder.emit("start", nodeid=item.nodeid, capability=_capability(item),
-                              t=time.time(), timeout=timeout)
+    config._phx_recorder.emit("start", nodeid=item.nodeid, capability=_capability(item), t=time.time(), timeout=timeout)
     if timeout > 0:
         faulthandler.dump_traceback_later(timeout, exit=True, file=_STATE["stderr_fd"])
     try:
@@ -284,12 +302,19 @@ def rt(request, vendor_entry):
         devices = [vars(d) if hasattr(d, "__dict__") else str(d) for d in runtime.devices()]
     except Exception as exc:  # reported by the discovery tests; the record is informational
         devices = f"devices() raised {type(exc).__name__}: {exc}"
-    rec.emit("vendor", name=vendor_entry.name, source=vendor_entry.source, location=vendor_entry.location,
-             cls=f"{type(runtime).__module__}.{type(runtime).__qualname__}",
-             is_test_double=bool(runtime.is_test_double), runtime_description=runtime.runtime_description,
-             # the runtime library a shim-bound port loaded (an --emulated run checks it is the emulator)
-             library=getattr(getattr(runtime, "rt", None), "library", None),
-             p2p_page_size=runtime.p2p_page_size, devices=devices)
+    rec.emit(
+        "vendor",
+        name=vendor_entry.name,
+        source=vendor_entry.source,
+        location=vendor_entry.location,
+        cls=f"{type(runtime).__module__}.{type(runtime).__qualname__}",
+        is_test_double=bool(runtime.is_test_double),
+        runtime_description=runtime.runtime_description,
+        # the runtime library a shim-bound port loaded (an --emulated run checks it is the emulator)
+        library=getattr(getattr(runtime, "rt", None), "library", None),
+        p2p_page_size=runtime.p2p_page_size,
+        devices=devices,
+    )
     yield runtime
     registry.reset()
 
@@ -303,8 +328,9 @@ def devices(rt):
 def two_devices(devices):
     """Ordinals 0 and 1; skips on a vendor with a single device."""
     if len(devices) < 2:
-        pytest.skip(f"needs 2 devices, the vendor has {len(devices)}"
-                    " (the host vendor exposes more with PHX_HOST_DEVICES=2)")
+        pytest.skip(
+            f"needs 2 devices, the vendor has {len(devices)} (the host vendor exposes more with PHX_HOST_DEVICES=2)"
+        )
     return devices[0].ordinal, devices[1].ordinal
 
 
@@ -612,8 +638,10 @@ class CHelper:
     def build(cls, workdir: str) -> CHelper:
         cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")
         if not cc:
-            pytest.skip("no C compiler (gcc, cc or clang; or set CC): the host-callback tests "
-                        "compile a tiny C callback, since a stream callback may not be Python")
+            pytest.skip(
+                "no C compiler (gcc, cc or clang; or set CC): the host-callback tests "
+                "compile a tiny C callback, since a stream callback may not be Python"
+            )
         src = os.path.join(workdir, "phx_chelper.c")
         lib = os.path.join(workdir, "libphx_chelper.so")
         with open(src, "w") as fh:
@@ -623,8 +651,17 @@ class CHelper:
             pytest.skip(f"the C compiler {cc} failed on the callback helper: {proc.stderr.strip()[:500]}")
         return cls(lib)
 
-    def task(self, *, gate: ctypes.c_int | None = None, gate_timeout_s: float = 2.0, sleep_s: float = 0.0,
-             fill: int | None = None, src: int = 0, dst: int = 0, n: int = 0) -> Task:
+    def task(
+        self,
+        *,
+        gate: ctypes.c_int | None = None,
+        gate_timeout_s: float = 2.0,
+        sleep_s: float = 0.0,
+        fill: int | None = None,
+        src: int = 0,
+        dst: int = 0,
+        n: int = 0,
+    ) -> Task:
         """A new task (kept alive by the helper); its ``address`` is the callback's argument."""
         t = Task()
         t.counter = ctypes.pointer(self.counter)

@@ -108,11 +108,17 @@ def test_read_waits_for_queued_writes(rt, mem, rng, io, engine, mode, tmp_path, 
     assert got == N
     assert hold.calls == 1
     whole = read_device(rt, alloc, N + 2 * PAD)
-    assert_bytes(whole[PAD:PAD + N], data,
-                 f"{engine}/{mode}/{which} stream: {api} into memory a queued copy wrote first (the read raced it "
-                 "if the destination holds the copy's 0xA5)")
-    assert_bytes(np.concatenate([whole[:PAD], whole[PAD + N:]]), np.full(2 * PAD, 0x11, np.uint8),
-                 f"{engine}/{mode}: bytes around the extent")
+    assert_bytes(
+        whole[PAD : PAD + N],
+        data,
+        f"{engine}/{mode}/{which} stream: {api} into memory a queued copy wrote first (the read raced it "
+        "if the destination holds the copy's 0xA5)",
+    )
+    assert_bytes(
+        np.concatenate([whole[:PAD], whole[PAD + N :]]),
+        np.full(2 * PAD, 0x11, np.uint8),
+        f"{engine}/{mode}: bytes around the extent",
+    )
     assert_bytes(outv.copy(), data, f"{engine}/{mode}/{which} stream: a copy queued after {api}")
 
 
@@ -140,8 +146,12 @@ def test_write_waits_for_queued_producer(rt, mem, rng, io, engine, mode, tmp_pat
         rt.stream_synchronize(s)
     assert got == N
     on_file = np.fromfile(path, dtype=np.uint8)
-    assert_bytes(on_file[:N], data, f"{engine}/{mode}/{which} stream: {api} of memory a queued copy fills "
-                                    "(the write raced it if the file holds 0xA5)")
+    assert_bytes(
+        on_file[:N],
+        data,
+        f"{engine}/{mode}/{which} stream: {api} of memory a queued copy fills "
+        "(the write raced it if the file holds 0xA5)",
+    )
     assert_bytes(on_file[N:], background[N:], f"{engine}/{mode}: the file beyond the extent")
 
 
@@ -252,5 +262,8 @@ def test_cupy_current_stream(rt, rng, io, engine, tmp_path, chelper, api):
         arr[...] = x
         assert _write(api, f, arr, N, None) == N
         cs.synchronize()
-    assert_bytes(np.fromfile(path, dtype=np.uint8)[:N], cupy.asnumpy(x),
-                 f"{engine}: {api} of a CuPy array after a copy on its stream")
+    assert_bytes(
+        np.fromfile(path, dtype=np.uint8)[:N],
+        cupy.asnumpy(x),
+        f"{engine}: {api} of a CuPy array after a copy on its stream",
+    )

@@ -58,8 +58,20 @@ class Side:
         return read_device(self.rt, self.ptr, self.total) if self.view is None else self.view.copy()
 
 
-def check_copy(rt, mem, rng, pool, kind: CopyKind, size: int, *, stream_mode: str, host: str = "pageable",
-               src_device: int = 0, dst_device: int = 0, stream_device: int = 0):
+def check_copy(
+    rt,
+    mem,
+    rng,
+    pool,
+    kind: CopyKind,
+    size: int,
+    *,
+    stream_mode: str,
+    host: str = "pageable",
+    src_device: int = 0,
+    dst_device: int = 0,
+    stream_device: int = 0,
+):
     """Copy ``size`` bytes between random offsets in direction ``kind``; check every byte."""
     soff, doff = (int(x) for x in rng.integers(0, 4 * KiB, 2))
     tail = int(rng.integers(1, 4 * KiB))  # guard bytes after the extent, at least one
@@ -68,7 +80,7 @@ def check_copy(rt, mem, rng, pool, kind: CopyKind, size: int, *, stream_mode: st
     src = Side(rt, mem, src_where, soff + size + tail, src_device)
     dst = Side(rt, mem, dst_where, doff + size + tail, dst_device)
     start = int(rng.integers(0, pool.size - src.total + 1))
-    src_data = pool[start:start + src.total]
+    src_data = pool[start : start + src.total]
     src.fill(src_data)
     dst.poison()
 
@@ -80,9 +92,11 @@ def check_copy(rt, mem, rng, pool, kind: CopyKind, size: int, *, stream_mode: st
         rt.stream_synchronize(stream)
 
     expected = np.full(dst.total, POISON, dtype=np.uint8)
-    expected[doff:doff + size] = src_data[soff:soff + size]
-    what = (f"{kind.name} {stream_mode} copy of {size} bytes ({src_where} +{soff} -> {dst_where} +{doff}, "
-            f"destination {dst.total} bytes, poison 0x{POISON:02x})")
+    expected[doff : doff + size] = src_data[soff : soff + size]
+    what = (
+        f"{kind.name} {stream_mode} copy of {size} bytes ({src_where} +{soff} -> {dst_where} +{doff}, "
+        f"destination {dst.total} bytes, poison 0x{POISON:02x})"
+    )
     assert_bytes(dst.contents(), expected, what)
     assert_bytes(src.contents(), src_data, f"{what}: source after the copy")
 
@@ -142,11 +156,11 @@ def test_copy_within_one_allocation(rt, mem, rng, random_pool):
     """Device-to-device between two disjoint parts of the same allocation."""
     n = 1 * MiB
     buf = mem.dev(3 * n)
-    data = random_pool[:3 * n].copy()
+    data = random_pool[: 3 * n].copy()
     write_device(rt, buf, data)
     rt.memcpy(buf + 2 * n, buf, n, D2D)
     expected = data.copy()
-    expected[2 * n:] = data[:n]
+    expected[2 * n :] = data[:n]
     assert_bytes(read_device(rt, buf, 3 * n), expected, "D2D copy inside one allocation")
 
 
@@ -154,13 +168,34 @@ def test_copies_on_every_device(rt, mem, rng, random_pool, devices):
     for d in devices:
         for kind in (H2D, D2H, D2D):
             for mode in ("sync", "stream"):
-                check_copy(rt, mem, rng, random_pool, kind, 65536 + 11, stream_mode=mode, host="pinned",
-                           src_device=d.ordinal, dst_device=d.ordinal, stream_device=d.ordinal)
+                check_copy(
+                    rt,
+                    mem,
+                    rng,
+                    random_pool,
+                    kind,
+                    65536 + 11,
+                    stream_mode=mode,
+                    host="pinned",
+                    src_device=d.ordinal,
+                    dst_device=d.ordinal,
+                    stream_device=d.ordinal,
+                )
 
 
 @pytest.mark.parametrize("mode", ["sync", "stream"])
 def test_copy_across_devices(rt, mem, rng, random_pool, two_devices, mode):
     a, b = two_devices
     for src_dev, dst_dev in ((a, b), (b, a)):
-        check_copy(rt, mem, rng, random_pool, D2D, 1 * MiB + 5, stream_mode=mode,
-                   src_device=src_dev, dst_device=dst_dev, stream_device=src_dev)
+        check_copy(
+            rt,
+            mem,
+            rng,
+            random_pool,
+            D2D,
+            1 * MiB + 5,
+            stream_mode=mode,
+            src_device=src_dev,
+            dst_device=dst_dev,
+            stream_device=src_dev,
+        )

@@ -39,8 +39,12 @@ SIGNATURES = {  # the C signatures of phoenix/csrc/phx_vendor.h (CUDA's)
 
 
 class _DlInfo(ctypes.Structure):
-    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", c_void_p),
-                ("dli_sname", ctypes.c_char_p), ("dli_saddr", c_void_p)]
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", c_void_p),
+    ]
 
 
 def _shared_object_of(address: int) -> str | None:
@@ -82,8 +86,9 @@ class Raw:
 
 def test_table_type_and_abi(table):
     assert isinstance(table, DataPathTable), f"data_path() returned {type(table).__name__}, not DataPathTable"
-    assert table.abi_version == DATA_PATH_ABI, \
+    assert table.abi_version == DATA_PATH_ABI, (
         f"abi_version {table.abi_version}, this phoenix expects {DATA_PATH_ABI} (phoenix/vendor.py DATA_PATH_ABI)"
+    )
 
 
 def test_required_fields_set(table):

@@ -17,7 +17,9 @@ PCI_BUS_ID = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]
 
 def test_vendor_imports(vendor_entry):
     cls = vendor_entry.load()
-    assert cls is not None, f"vendor {vendor_entry.name!r} ({vendor_entry.location}) does not import: {vendor_entry.error}"
+    assert cls is not None, (
+        f"vendor {vendor_entry.name!r} ({vendor_entry.location}) does not import: {vendor_entry.error}"
+    )
     assert issubclass(cls, VendorRuntime)
 
 
@@ -32,27 +34,33 @@ def test_probe_usable(vendor_entry):
 
 def test_runtime_identity(rt, vendor_entry):
     assert isinstance(rt, VendorRuntime)
-    assert rt.name == vendor_entry.name, f"Runtime.name is {rt.name!r}, its directory/entry point is {vendor_entry.name!r}"
+    assert rt.name == vendor_entry.name, (
+        f"Runtime.name is {rt.name!r}, its directory/entry point is {vendor_entry.name!r}"
+    )
     page = rt.p2p_page_size
-    assert isinstance(page, int) and page >= 4096 and page & (page - 1) == 0, \
+    assert isinstance(page, int) and page >= 4096 and page & (page - 1) == 0, (
         f"p2p_page_size {page!r} is not a power of two >= 4096"
+    )
     assert isinstance(rt.is_test_double, bool)
 
 
 def test_devices_listed(devices):
     assert isinstance(devices, list) and devices, "devices() returned no device although probe() said usable"
     assert all(isinstance(d, Device) for d in devices), "devices() must return phoenix.vendor.Device objects"
-    assert [d.ordinal for d in devices] == list(range(len(devices))), \
+    assert [d.ordinal for d in devices] == list(range(len(devices))), (
         f"ordinals must be 0..n-1 in order, got {[d.ordinal for d in devices]}"
+    )
 
 
 def test_device_fields(devices):
     for d in devices:
         assert isinstance(d.name, str) and d.name.strip(), f"device {d.ordinal}: empty name"
-        assert isinstance(d.pci_bus_id, str) and PCI_BUS_ID.match(d.pci_bus_id), \
+        assert isinstance(d.pci_bus_id, str) and PCI_BUS_ID.match(d.pci_bus_id), (
             f"device {d.ordinal}: PCI bus id {d.pci_bus_id!r} is not of the form dddd:bb:dd.f"
-        assert isinstance(d.total_memory, int) and d.total_memory > 0, \
+        )
+        assert isinstance(d.total_memory, int) and d.total_memory > 0, (
             f"device {d.ordinal}: total_memory {d.total_memory!r} is not a positive byte count"
+        )
     ids = [d.pci_bus_id.lower() for d in devices]
     assert len(set(ids)) == len(ids), f"devices share a PCI bus id: {ids}"
 

@@ -240,8 +240,10 @@ def test_destroyed_stream(rt, mem, chelper):
 
 def test_never_created_stream(rt):
     if not getattr(rt, "stream_handles_validated", True):
-        pytest.skip(f"{rt.name}'s stream handles are pointers: a made-up one cannot be validated (as in CUDA); "
-                    "streams destroyed through the port are refused (test_destroyed_stream)")
+        pytest.skip(
+            f"{rt.name}'s stream handles are pointers: a made-up one cannot be validated (as in CUDA); "
+            "streams destroyed through the port are refused (test_destroyed_stream)"
+        )
     bogus = 0x5EED_0000_1234
     with pytest.raises(VendorError):
         rt.stream_synchronize(bogus)

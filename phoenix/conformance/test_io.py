@@ -96,7 +96,7 @@ def poisoned_device(rt, mem, n: int, device: int = 0) -> int:
 def with_extent(n: int, start: int, data: np.ndarray, fill: int = POISON) -> np.ndarray:
     """``n`` bytes of ``fill`` with ``data`` at ``start``: what a poisoned buffer must hold."""
     out = np.full(n, fill, dtype=np.uint8)
-    out[start:start + data.size] = data
+    out[start : start + data.size] = data
     return out
 
 
@@ -162,7 +162,7 @@ def test_roundtrip(rt, mem, rng, io, engine, mode, tmp_path):
         fill_device(rt, dst, n, POISON)
         futs = [f.pread((dst, n), piece, i * piece, (7 - i) * piece) for i in range(8)]
         assert [fu.result() for fu in futs] == [piece] * 8
-        want = np.concatenate([data[i * piece:(i + 1) * piece] for i in reversed(range(8))])
+        want = np.concatenate([data[i * piece : (i + 1) * piece] for i in reversed(range(8))])
         assert_bytes(read_device(rt, dst, n), want, f"{engine}/{mode}: eight preads into swapped slots")
         futs = [f.pwrite((dst, n), piece, n + i * piece, i * piece) for i in range(8)]
         assert [fu.result() for fu in futs] == [piece] * 8
@@ -266,7 +266,7 @@ def test_unaligned_extents(rt, mem, rng, engine, mode, tmp_path):
         with pio.open(path, "r+") as f:
             assert f.write((src, nbuf), size, foff, boff) == size, what
             expect = background.copy()
-            expect[foff:foff + size] = data
+            expect[foff : foff + size] = data
             assert_bytes(file_bytes(path), expect, f"{what}: the file after write")
             assert f.read((dst, nbuf), size, foff, boff) == size, what
         assert_bytes(read_device(rt, dst, nbuf), with_extent(nbuf, boff, data), f"{what}: the buffer after read")
@@ -313,19 +313,24 @@ def test_offsets_beyond_4gib(rt, mem, rng, engine, mode, sparse_dir, request):
                 assert_bytes(pread_file(path, foff, size), data, f"{what}: the file after write")
                 dst = poisoned_device(rt, mem, size + 8192)
                 assert f.pread((dst, size + 8192), size, foff, 8192).result() == size, what
-                assert_bytes(read_device(rt, dst, size + 8192), with_extent(size + 8192, 8192, data),
-                             f"{what}: pread back")
+                assert_bytes(
+                    read_device(rt, dst, size + 8192), with_extent(size + 8192, 8192, data), f"{what}: pread back"
+                )
                 fill_device(rt, dst, size + 8192, POISON)
                 op = f.read_async((dst, size + 8192), size, foff, 8192, stream)
                 rt.stream_synchronize(stream)
                 assert op.bytes_done == size, f"{what}: read_async bytes_done {op.bytes_done}"
-                assert_bytes(read_device(rt, dst, size + 8192), with_extent(size + 8192, 8192, data),
-                             f"{what}: read_async back")
+                assert_bytes(
+                    read_device(rt, dst, size + 8192), with_extent(size + 8192, 8192, data), f"{what}: read_async back"
+                )
             assert f.size() == LARGE[-1][0] + LARGE[-1][1]
             hole = poisoned_device(rt, mem, 3 * 8192)
             assert f.read((hole, 3 * 8192), 8192, 7 * GiB + 4096, 8192) == 8192
-            assert_bytes(read_device(rt, hole, 3 * 8192),
-                         with_extent(3 * 8192, 8192, np.zeros(8192, dtype=np.uint8)), f"{engine}/{mode}: a hole at 7 GiB")
+            assert_bytes(
+                read_device(rt, hole, 3 * 8192),
+                with_extent(3 * 8192, 8192, np.zeros(8192, dtype=np.uint8)),
+                f"{engine}/{mode}: a hole at 7 GiB",
+            )
         assert os.stat(path).st_blocks * 512 < 64 * MiB, "the file is no longer sparse"
     finally:
         path.unlink(missing_ok=True)
@@ -411,7 +416,7 @@ def test_threads_issue_mixed_requests(rt, engine, mode, tmp_path):
                     futs = [f.pwrite((src, region), size, base + fo, bo) for fo, bo, size in batch]
                     for fu, (fo, bo, size) in zip(futs, batch, strict=True):
                         assert fu.result() == size
-                        ref[base + fo:base + fo + size] = mine[bo:bo + size]
+                        ref[base + fo : base + fo + size] = mine[bo : bo + size]
                 else:
                     fill_device(rt, dst, region, POISON)
                     futs = [f.pread((dst, region), size, base + fo, bo) for fo, bo, size in batch]
@@ -420,12 +425,14 @@ def test_threads_issue_mixed_requests(rt, engine, mode, tmp_path):
                     out = read_device(rt, dst, region)
                     want = np.full(region, POISON, dtype=np.uint8)
                     for fo, bo, size in batch:
-                        want[bo:bo + size] = ref[base + fo:base + fo + size]
+                        want[bo : bo + size] = ref[base + fo : base + fo + size]
                     if not np.array_equal(out, want):
                         bad = int(np.flatnonzero(out != want)[0])
-                        errors.append(f"thread {k} op {i}: reads {batch} (file offset, buffer offset, size; "
-                                      f"file region at {base}): buffer byte {bad} is 0x{int(out[bad]):02x}, "
-                                      f"expected 0x{int(want[bad]):02x}")
+                        errors.append(
+                            f"thread {k} op {i}: reads {batch} (file offset, buffer offset, size; "
+                            f"file region at {base}): buffer byte {bad} is 0x{int(out[bad]):02x}, "
+                            f"expected 0x{int(want[bad]):02x}"
+                        )
                         return
         except Exception as exc:  # reported below, with the thread that saw it
             errors.append(f"thread {k}: {type(exc).__name__}: {exc}")
@@ -539,8 +546,11 @@ def test_io_keeps_order_with_callbacks(rt, mem, rng, engine, mode, tmp_path, che
     fill = chelper.task(src=src, dst=h, n=n)
     fd = os.open(path, os.O_RDONLY)
     try:
-        shot = mem.keep(TestHostFn(kind=1, fd=fd, dst=addr(snap), size=n, offset=foff,
-                                   counter=ctypes.pointer(counter), seq=-1, result=-999))
+        shot = mem.keep(
+            TestHostFn(
+                kind=1, fd=fd, dst=addr(snap), size=n, offset=foff, counter=ctypes.pointer(counter), seq=-1, result=-999
+            )
+        )
         # the pool for these settings is started and its bounce buffers pinned before the
         # stream is held: pinning (cudaHostRegister) may wait for busy streams, and this
         # test's gate keeps the stream busy until the caller goes on (see io.prepare)
@@ -561,19 +571,27 @@ def test_io_keeps_order_with_callbacks(rt, mem, rng, engine, mode, tmp_path, che
                 gate.value = 1
                 rt.stream_synchronize(s)
             assert not hold.gate_timed_out, "the gate callback timed out (did it run at launch, holding the caller?)"
-            assert held == (None, None, 0, -1), \
+            assert held == (None, None, 0, -1), (
                 f"work queued behind a closed gate ran: (write, read, fill callback, file snapshot) = {held}"
+            )
             assert untouched, "the file changed while the stream was held before the write_async"
             assert (w.bytes_done, r.bytes_done) == (n, n), (w.bytes_done, r.bytes_done)
         assert shot.result == n, f"the file snapshot callback read {shot.result}"
     finally:
         os.close(fd)
     assert_bytes(hv, data, "the fill callback")
-    assert_bytes(snap, data, f"{engine}/{mode}: a callback after write_async sees the file written "
-                             "(with the bytes of a callback before the copy before it)")
+    assert_bytes(
+        snap,
+        data,
+        f"{engine}/{mode}: a callback after write_async sees the file written "
+        "(with the bytes of a callback before the copy before it)",
+    )
     assert_bytes(yv, data, f"{engine}/{mode}: a copy after read_async")
-    assert_bytes(file_bytes(path), np.concatenate([background[:foff], data, background[foff + n:]]),
-                 f"{engine}/{mode}: the file")
+    assert_bytes(
+        file_bytes(path),
+        np.concatenate([background[:foff], data, background[foff + n :]]),
+        f"{engine}/{mode}: the file",
+    )
 
 
 # -- io_extents ----------------------------------------------------------------------------------
@@ -624,7 +642,9 @@ def test_extent_past_registration_is_refused(rt, mem, rng, engine, mode, tmp_pat
             assert f.read(view, 1000, 5, n - 1000) == 1000
             assert f.read((reg, n), n, 0) == n
         got = read_device(rt, base, total)
-        assert_bytes(got, with_extent(total, guard, background[:n]), f"{engine}/{mode}: a full read of the registration")
+        assert_bytes(
+            got, with_extent(total, guard, background[:n]), f"{engine}/{mode}: a full read of the registration"
+        )
     finally:
         pio.deregister((reg, n))
     assert pio.stats()["registrations"] == regs_before
@@ -694,10 +714,13 @@ def test_closed_file(rt, mem, engine, tmp_path):
     f = pio.open(path, "r+")
     f.close()
     f.close()  # twice is fine
-    for op, call in (("read", lambda: f.read((d, 4096))), ("write", lambda: f.write((d, 4096))),
-                     ("pread", lambda: f.pread((d, 4096)).result()),
-                     ("read_async", lambda: f.read_async((d, 4096), stream=s)),
-                     ("batch", lambda: pio.batch([(f, (d, 4096))])[0])):
+    for op, call in (
+        ("read", lambda: f.read((d, 4096))),
+        ("write", lambda: f.write((d, 4096))),
+        ("pread", lambda: f.pread((d, 4096)).result()),
+        ("read_async", lambda: f.read_async((d, 4096), stream=s)),
+        ("batch", lambda: pio.batch([(f, (d, 4096))])[0]),
+    ):
         try:
             res = call()
         except (ValueError, OSError) as exc:
@@ -753,8 +776,11 @@ def test_bad_arguments(rt, mem, engine, tmp_path):
     make_file(path, np.zeros(4096, np.uint8))
     d = poisoned_device(rt, mem, 4096)
     with pio.open(path, "r+") as f:
-        for call in (lambda: f.read((d, 4096), 10, -1), lambda: f.write((d, 4096), 10, 0, -1),
-                     lambda: f.read((d, 4096), -5, 0)):
+        for call in (
+            lambda: f.read((d, 4096), 10, -1),
+            lambda: f.write((d, 4096), 10, 0, -1),
+            lambda: f.read((d, 4096), -5, 0),
+        ):
             with pytest.raises(PhxIOError) as ei:
                 call()
             assert ei.value.errno == errno.EINVAL and ei.value.path == str(path), str(ei.value)

@@ -99,8 +99,9 @@ def test_alloc_on_second_device_is_there(rt, mem, two_devices):
     _, second = two_devices
     ptr = mem.dev(4096, second)
     info = rt.pointer_info(ptr)
-    assert info.type is MemoryType.DEVICE and info.device == second, \
+    assert info.type is MemoryType.DEVICE and info.device == second, (
         f"device_alloc(device={second}) gave memory the runtime places as {info}"
+    )
 
 
 # -- host memory: registration and pinned allocations ----------------------------------
@@ -111,7 +112,7 @@ def test_alloc_on_second_device_is_there(rt, mem, two_devices):
 def test_register_existing_memory(rt, mem, rng, size, offset):
     """Registered host memory is usable for copies both ways, then unregistered cleanly."""
     backing = np.zeros(size + offset + 64, dtype=np.uint8)
-    buf = backing[offset:offset + size]
+    buf = backing[offset : offset + size]
     ptr = addr(buf)
     rt.host_register(ptr, size)
     try:

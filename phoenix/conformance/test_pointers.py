@@ -48,8 +48,9 @@ def test_one_past_the_end(rt, mem):
     size = 65536
     ptr = mem.dev(size)
     info = info_of(rt, ptr + size)
-    assert info.type is not MemoryType.DEVICE or info.base != ptr, \
+    assert info.type is not MemoryType.DEVICE or info.base != ptr, (
         f"the byte after a {size}-byte allocation is reported inside it: {info}"
+    )
 
 
 def test_device_memory_every_device(rt, mem, devices):
@@ -97,8 +98,9 @@ def test_plain_host_memory(rt):
     for ptr in (addr(buf), addr(buf) + 12345):
         info = info_of(rt, ptr)
         assert info.type is MemoryType.HOST, f"a numpy buffer is reported as {info.type}"
-        assert info.base == ptr and info.size == 0, \
+        assert info.base == ptr and info.size == 0, (
             f"plain host memory must give base = the pointer and size 0, got base {info.base:#x} size {info.size}"
+        )
 
 
 def test_freed_device_memory(rt):
@@ -110,8 +112,9 @@ def test_freed_device_memory(rt):
             info = info_of(rt, ptr + off)
         except VendorError:
             continue  # refusing to describe it is fine too
-        assert not (info.type is MemoryType.DEVICE and info.base == ptr), \
+        assert not (info.type is MemoryType.DEVICE and info.base == ptr), (
             f"freed device memory (+{off}) is still reported as the allocation: {info}"
+        )
 
 
 def test_unpinned_after_free(rt):
@@ -121,5 +124,6 @@ def test_unpinned_after_free(rt):
         info = info_of(rt, ptr)
     except VendorError:
         return
-    assert not (info.type is MemoryType.HOST_PINNED and info.base == ptr), \
+    assert not (info.type is MemoryType.HOST_PINNED and info.base == ptr), (
         f"freed pinned memory is still reported as pinned: {info}"
+    )

@@ -32,7 +32,9 @@ def test_create_destroy_every_device(rt, devices):
     for d in devices:
         handles = [rt.stream_create(d.ordinal) for _ in range(4)]
         try:
-            assert all(isinstance(h, int) and h != 0 for h in handles), f"stream handles {handles} (0 is the default stream)"
+            assert all(isinstance(h, int) and h != 0 for h in handles), (
+                f"stream handles {handles} (0 is the default stream)"
+            )
             assert len(set(handles)) == len(handles), f"stream_create returned a handle twice: {handles}"
         finally:
             for h in handles:
@@ -141,8 +143,9 @@ def test_callback_runs_once_with_its_argument(rt, mem, chelper):
     chelper.launch(rt, s, task)
     rt.stream_synchronize(s)
     assert task.calls == 1, f"the callback ran {task.calls} times by stream_synchronize"
-    assert task.arg_seen == task.address, \
+    assert task.arg_seen == task.address, (
         f"the callback got argument {task.arg_seen:#x}, launched with {task.address:#x}"
+    )
 
 
 @callback
@@ -244,8 +247,9 @@ def test_callback_sees_earlier_work_finished(rt, mem, rng, chelper):
     chelper.launch(rt, s, snap_task)
     gate.value = 1
     rt.stream_synchronize(s)
-    assert not gate_task.gate_timed_out, \
+    assert not gate_task.gate_timed_out, (
         "the gate callback waited for a flag set only after all launches: it ran at launch time, not in stream order"
+    )
     assert snap_task.calls == 1
     assert_bytes(snap, data, "what a callback queued after a D2H copy saw of its destination")
 
@@ -264,8 +268,11 @@ def test_callback_holds_back_later_work(rt, mem, chelper):
     rt.memcpy_async(dev, src, n, H2D, s)
     rt.memcpy_async(out, dev, n, D2H, s)
     rt.stream_synchronize(s)
-    assert_bytes(out_view, np.full(n, 0xE7, np.uint8),
-                 "a copy queued after a callback that writes its source (0x11 = ran before the callback returned)")
+    assert_bytes(
+        out_view,
+        np.full(n, 0xE7, np.uint8),
+        "a copy queued after a callback that writes its source (0x11 = ran before the callback returned)",
+    )
 
 
 @ordering
@@ -296,8 +303,9 @@ def test_copies_and_callbacks_interleaved(rt, mem, chelper):
     assert order == sorted(order), f"callbacks ran out of order: {order}"
     for i in range(rounds):
         got = np.unique(snaps[i])
-        assert got.tolist() == [markers[i]], \
+        assert got.tolist() == [markers[i]], (
             f"round {i}: the snapshot holds bytes {[hex(int(x)) for x in got[:6]]}, expected only 0x{markers[i]:02x}"
+        )
 
 
 @ordering
@@ -324,8 +332,9 @@ def test_streams_do_not_wait_for_each_other(rt, mem, rng, chelper):
     finally:
         gate.value = 1
     rt.stream_synchronize(a)
-    assert not gate_task.gate_timed_out, \
+    assert not gate_task.gate_timed_out, (
         "stream A's gate callback timed out: it ran at launch time, or stream B's work waited for it"
+    )
     assert b_done_while_gated, "stream B finished only after stream A's gate opened"
     assert after.calls == 1
     assert_bytes(out_view, data, "copies on stream B while stream A was blocked")

@@ -44,8 +44,11 @@ PACKAGE_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(phoenix.__file__)
 EXTRA_PROTOS = [
     Proto("phxhDeviceGetName", ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]),
     Proto("phxhDeviceTotalMem", ctypes.c_int, [ctypes.POINTER(ctypes.c_size_t), ctypes.c_int]),
-    Proto("phxhMemGetAddressRange", ctypes.c_int,
-          [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p]),
+    Proto(
+        "phxhMemGetAddressRange",
+        ctypes.c_int,
+        [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p],
+    ),
     # NOT_READY is an answer, not an error: the caller reads the status itself
     Proto("phxhStreamQuery", ctypes.c_int, [ctypes.c_void_p], errors=NONE),
 ]
@@ -78,8 +81,11 @@ class Runtime(CudaLikeRuntime):
         # (PHX_HOST_DEVICES, PHX_HOST_DEVICE_MEMORY), which the runtime reads at first use.
         path, lib, looked = find_library()
         if lib is None:
-            return Probe(False, f"host reference runtime unavailable: {looked[-1]}; build the package "
-                                "(pip install -e .)", {"looked": looked})
+            return Probe(
+                False,
+                f"host reference runtime unavailable: {looked[-1]}; build the package (pip install -e .)",
+                {"looked": looked},
+            )
         if not hasattr(lib, "phxhPhoenixTestDouble"):
             return Probe(False, f"{path} is not phoenix's host runtime (it has no phxhPhoenixTestDouble)")
         count = ctypes.c_int()
@@ -87,10 +93,17 @@ class Runtime(CudaLikeRuntime):
         if rc != 0:
             name, message = lib.phxhGetErrorName, lib.phxhGetErrorString
             name.restype = message.restype = ctypes.c_char_p
-            return Probe(False, f"host reference runtime unavailable: phxhGetDeviceCount failed with "
-                                f"{name(rc).decode()}: {message(rc).decode()} (code {rc})", {"library": path})
-        return Probe(True, "host reference vendor: device memory is host memory (test double)",
-                     {"library": path, "devices": count.value})
+            return Probe(
+                False,
+                f"host reference runtime unavailable: phxhGetDeviceCount failed with "
+                f"{name(rc).decode()}: {message(rc).decode()} (code {rc})",
+                {"library": path},
+            )
+        return Probe(
+            True,
+            "host reference vendor: device memory is host memory (test double)",
+            {"library": path, "devices": count.value},
+        )
 
     def library_path(self) -> str:
         return self.probe().details["library"]

@@ -67,7 +67,6 @@ def host_pattern(nbytes: int, key: int):
     return (np.arange(nbytes // 8, dtype=np.uint64) ^ np.uint64(key)).view(np.uint8)
 
 
-
 # ---- compute backends (the data side of the replay, per vendor) -----------------------------------
 
 
@@ -75,8 +74,13 @@ class _DevArray:
     """A ``__cuda_array_interface__`` over raw device memory (for torch.as_tensor / cupy)."""
 
     def __init__(self, ptr: int, nbytes: int):
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "strides": None,
-                                         "version": 2}
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (ptr, False),
+            "strides": None,
+            "version": 2,
+        }
 
 
 class NumpyBackend:
@@ -200,7 +204,7 @@ class TorchBackend:
 
     def _view(self, ptr: int, nbytes: int):
         off = ptr - self.hbm_base
-        return self.hbm[off:off + nbytes]
+        return self.hbm[off : off + nbytes]
 
     def _pattern(self, nbytes: int, key: int):
         a = self.arange.get(nbytes)
@@ -293,7 +297,7 @@ class CupyBackend(NumpyBackend):
 
     def _view(self, ptr, nbytes):
         off = ptr - self.hbm_base
-        return self.hbm[off:off + nbytes]
+        return self.hbm[off : off + nbytes]
 
     def _pattern(self, nbytes, key):
         a = self.arange.get(nbytes)
@@ -349,6 +353,7 @@ def make_backend(rt, geo, max_ctx, chunk, device, want: str = "auto"):
             return cls(rt, geo, max_ctx, chunk, device)
         except Exception as exc:  # the next one may serve
             errors.append(f"{name}: {type(exc).__name__}: {exc}")
-    raise RuntimeError(f"no GPU compute backend for vendor {rt.name!r} ({'; '.join(errors)}); "
-                       "install torch or CuPy, or pass --compute numpy (CPU stand-in)")
-
+    raise RuntimeError(
+        f"no GPU compute backend for vendor {rt.name!r} ({'; '.join(errors)}); "
+        "install torch or CuPy, or pass --compute numpy (CPU stand-in)"
+    )

@@ -69,16 +69,22 @@ class Replayer:
         B = args.block_tokens
         self.bb = B * self.geo.bytes_per_token
         if self.bb % 4096:
-            raise ValueError(f"a block is {self.bb} bytes ({B} tokens x {self.geo.bytes_per_token}): choose --block-tokens "
-                             "so that it is a multiple of 4096 (O_DIRECT alignment)")
+            raise ValueError(
+                f"a block is {self.bb} bytes ({B} tokens x {self.geo.bytes_per_token}): choose --block-tokens "
+                "so that it is a multiple of 4096 (O_DIRECT alignment)"
+            )
         self.cmax = max(args.concurrency)
         if len(self.trace.sessions) < self.cmax:
             raise ValueError(f"the trace has {len(self.trace.sessions)} sessions, fewer than --concurrency {self.cmax}")
-        first_need = max((self.trace.sessions[i].rounds[0].input_tokens + self.trace.sessions[i].rounds[0].output_tokens)
-                         // B + 1 for i in range(self.cmax))
+        first_need = max(
+            (self.trace.sessions[i].rounds[0].input_tokens + self.trace.sessions[i].rounds[0].output_tokens) // B + 1
+            for i in range(self.cmax)
+        )
         if first_need > args.hbm // self.bb:
-            raise ValueError(f"a first round needs {first_need} blocks of {self.bb >> 10} KiB in HBM but --hbm holds "
-                             f"{args.hbm // self.bb}: raise --hbm, or lower --token-scale")
+            raise ValueError(
+                f"a first round needs {first_need} blocks of {self.bb >> 10} KiB in HBM but --hbm holds "
+                f"{args.hbm // self.bb}: raise --hbm, or lower --token-scale"
+            )
         if rt is None:
             if phoenix.settings.effective("vendor") in ("nvidia", "auto") and args.compute in ("auto", "torch"):
                 try:  # torch first: the nvidia port then shares torch's libcudart
@@ -111,12 +117,17 @@ class Replayer:
 
     def _state(self, i: int, initial: bool) -> SessionState:
         """Session ``i`` before its first replayed round: the blocks of that round's prefix exist."""
-        st = SessionState(i, self.trace.sessions[i], self.start_round[i] if initial else 0,
-                          kid=i if initial else i + len(self.trace.sessions), initial=initial)
+        st = SessionState(
+            i,
+            self.trace.sessions[i],
+            self.start_round[i] if initial else 0,
+            kid=i if initial else i + len(self.trace.sessions),
+            initial=initial,
+        )
         for r in range(st.next_round):
             st.advance_born(r, self.args.block_tokens)
         if st.next_round < len(st.session.rounds):
-            del st.born[st.session.rounds[st.next_round].prefix_tokens // self.args.block_tokens:]
+            del st.born[st.session.rounds[st.next_round].prefix_tokens // self.args.block_tokens :]
         return st
 
     # -- setup -----------------------------------------------------------------------------
@@ -125,8 +136,10 @@ class Replayer:
         if any(c != "dram" for c in self.args.configs):
             keys = {k: block_key(*k) for k in self.history}
             self.slab_write_s = self.slab.create(self.history, keys)
-            self.log(f"slab: {len(self.history)} history blocks ({len(self.history) * self.bb / 2**30:.2f} GiB) written to "
-                     f"{self.slab.hist_path} in {self.slab_write_s:.1f} s; dynamic region {self.cache.ssd.nslots} blocks")
+            self.log(
+                f"slab: {len(self.history)} history blocks ({len(self.history) * self.bb / 2**30:.2f} GiB) written to "
+                f"{self.slab.hist_path} in {self.slab_write_s:.1f} s; dynamic region {self.cache.ssd.nslots} blocks"
+            )
         for i in range(self.cmax):
             self.staging[i] = self.rt.host_alloc_pinned(self.bb)
 
@@ -231,7 +244,7 @@ class Replayer:
             for b in range(len(st.born)):
                 produced.append((st.born[b], st.index, st.key(b)))
         produced.sort()
-        tail = [k for _, _, k in produced[-(c.hbm.nslots + c.dram.nslots):]]
+        tail = [k for _, _, k in produced[-(c.hbm.nslots + c.dram.nslots) :]]
         n_dram = max(0, len(tail) - c.hbm.nslots)
         stream = be.new_stream()
         scratch, _ = c.hbm.take()  # a free HBM slot to make DRAM contents on the device
@@ -255,8 +268,10 @@ class Replayer:
 
     def _classify(self, keys, need):
         c = self.cache
-        where = ["hbm" if k in c.hbm.lru else "dram" if k in c.dram.lru else "ssd" if k in c.ssd.lru else None
-                 for k in keys[:need]]
+        where = [
+            "hbm" if k in c.hbm.lru else "dram" if k in c.dram.lru else "ssd" if k in c.ssd.lru else None
+            for k in keys[:need]
+        ]
         m = where.index(None) if None in where else need
         return where, m
 
@@ -364,8 +379,13 @@ class Replayer:
         n.recompute_tokens = max(0, rd.prefix_tokens - start)
         n.linear_tflop = self.geo.linear_flops(tokens) / 1e12
         ch = args.prefill_chunk
-        n.attention_tflop = sum(self.geo.attention_flops(min(ch, tokens - p), start + p + min(ch, tokens - p))
-                                for p in range(0, tokens, ch)) / 1e12
+        n.attention_tflop = (
+            sum(
+                self.geo.attention_flops(min(ch, tokens - p), start + p + min(ch, tokens - p))
+                for p in range(0, tokens, ch)
+            )
+            / 1e12
+        )
         if n.hbm_hits + n.dram_loads + n.ssd_loads + n.recomputes != n.blocks_needed:
             raise AssertionError(f"accounting does not add up: {n}")
         try:
@@ -375,8 +395,10 @@ class Replayer:
                     n.bytes_verified += bb
                     if not ok:
                         n.verify_failures += 1
-                        self.failures.append(f"{config}: session {st.index} round {r} block {b} loaded from {w} "
-                                             "does not hold its pattern")
+                        self.failures.append(
+                            f"{config}: session {st.index} round {r} block {b} loaded from {w} "
+                            "does not hold its pattern"
+                        )
         finally:
             with c.cond:
                 for b in range(len(keys) - 1, -1, -1):  # low blocks most recent: the prefix stays longest
@@ -468,12 +490,23 @@ class Replayer:
         t = sorted(self.ttfts)
         n = self.point_counts
         rec = {
-            "config": config, "concurrency": conc, "vendor": self.rt.name, "test_double": bool(self.rt.is_test_double),
-            "rounds": len(t), "seconds": elapsed, "qps": len(t) / elapsed if elapsed > 0 else 0.0,
-            "ttft_mean_s": sum(t) / len(t) if t else None, "ttft_p50_s": _pct(t, 0.50), "ttft_p99_s": _pct(t, 0.99),
-            "ttft_max_s": t[-1] if t else None, "threshold_s": self.args.threshold,
+            "config": config,
+            "concurrency": conc,
+            "vendor": self.rt.name,
+            "test_double": bool(self.rt.is_test_double),
+            "rounds": len(t),
+            "seconds": elapsed,
+            "qps": len(t) / elapsed if elapsed > 0 else 0.0,
+            "ttft_mean_s": sum(t) / len(t) if t else None,
+            "ttft_p50_s": _pct(t, 0.50),
+            "ttft_p99_s": _pct(t, 0.99),
+            "ttft_max_s": t[-1] if t else None,
+            "threshold_s": self.args.threshold,
             "under_threshold": bool(t) and _pct(t, 0.99) < self.args.threshold,
-            "sessions_ended_hbm_full": self.truncated, "counts": asdict(n), "verified": n.verify_failures == 0, "failures": self.failures[:10],
+            "sessions_ended_hbm_full": self.truncated,
+            "counts": asdict(n),
+            "verified": n.verify_failures == 0,
+            "failures": self.failures[:10],
         }
         return rec
 
@@ -482,4 +515,3 @@ def _pct(xs: list, q: float):
     if not xs:
         return None
     return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
-

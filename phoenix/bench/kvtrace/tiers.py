@@ -109,10 +109,14 @@ class KVCache:
             self.hbm_base = 0
             alloc = getattr(backend, "alloc_hbm", None)
             if alloc is None:
-                raise RuntimeError(f"the compute backend cannot view vendor device memory: {type(exc).__name__}: {exc}") from exc
+                raise RuntimeError(
+                    f"the compute backend cannot view vendor device memory: {type(exc).__name__}: {exc}"
+                ) from exc
             # the same device memory, allocated by the compute library (phoenix takes its pointers)
             self.hbm_keep, self.hbm_base = alloc(nbytes)
-            self.hbm_alloc = f"{backend.name} allocation (vendor memory could not be viewed: {type(exc).__name__}: {exc})"
+            self.hbm_alloc = (
+                f"{backend.name} allocation (vendor memory could not be viewed: {type(exc).__name__}: {exc})"
+            )
         self.dram_base = rt.host_alloc_pinned(self.dram.nslots * bb)
         self.cond = threading.Condition()
         self.transit: set = set()
@@ -179,9 +183,11 @@ class Slab:
             items = sorted(history.items(), key=lambda kv: kv[1])
             futs = []
             for i in range(0, len(items), bufsz):
-                batch = items[i:i + bufsz]
+                batch = items[i : i + bufsz]
                 for j, (key, _slot) in enumerate(batch):
-                    np.bitwise_xor(base, np.uint64(keys[key]), out=stage[j * self.bb:(j + 1) * self.bb].view(np.uint64))
+                    np.bitwise_xor(
+                        base, np.uint64(keys[key]), out=stage[j * self.bb : (j + 1) * self.bb].view(np.uint64)
+                    )
                 futs = [f.pwrite(stage, self.bb, slot * self.bb, j * self.bb) for j, (_key, slot) in enumerate(batch)]
                 for fu in futs:
                     fu.result()
@@ -220,4 +226,3 @@ class Slab:
 
 def host_view(ptr: int, n: int) -> memoryview:
     return memoryview((ctypes.c_char * n).from_address(ptr)).cast("B")
-

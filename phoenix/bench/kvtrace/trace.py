@@ -42,8 +42,14 @@ class Trace:
 
 
 #: the published statistics the generator aims at (Codex on SWE-bench Pro)
-TARGETS = {"context_at_round_30": 80_000, "beyond_180k": "some sessions", "new_tokens_per_round": "hundreds to a few thousand",
-           "think_s": "a few seconds", "input_output_ratio": 131, "prefix_hit_rate": 0.94}
+TARGETS = {
+    "context_at_round_30": 80_000,
+    "beyond_180k": "some sessions",
+    "new_tokens_per_round": "hundreds to a few thousand",
+    "think_s": "a few seconds",
+    "input_output_ratio": 131,
+    "prefix_hit_rate": 0.94,
+}
 
 
 def generate(sessions: int = 64, seed: int = 0) -> Trace:
@@ -74,7 +80,9 @@ def generate(sessions: int = 64, seed: int = 0) -> Trace:
             think = min(30.0, max(0.5, rng.lognormvariate(math.log(3.0), 0.5)))
             rounds.append(Round(round(think, 3), carried + new, prefix, _output(rng)))
         out.append(Session(f"s{s}", rounds))
-    return Trace(out, {"generator": "phoenix.bench.kvtrace.generate", "sessions": sessions, "seed": seed, "targets": TARGETS})
+    return Trace(
+        out, {"generator": "phoenix.bench.kvtrace.generate", "sessions": sessions, "seed": seed, "targets": TARGETS}
+    )
 
 
 def _output(rng: random.Random) -> int:
@@ -86,8 +94,19 @@ def write_trace(trace: Trace, path: str) -> None:
         fh.write(json.dumps({"format": FORMAT, "version": VERSION, "params": trace.params}) + "\n")
         for s in trace.sessions:
             for r, rd in enumerate(s.rounds):
-                fh.write(json.dumps({"session": s.id, "round": r, "think_s": rd.think_s, "input_tokens": rd.input_tokens,
-                                     "prefix_tokens": rd.prefix_tokens, "output_tokens": rd.output_tokens}) + "\n")
+                fh.write(
+                    json.dumps(
+                        {
+                            "session": s.id,
+                            "round": r,
+                            "think_s": rd.think_s,
+                            "input_tokens": rd.input_tokens,
+                            "prefix_tokens": rd.prefix_tokens,
+                            "output_tokens": rd.output_tokens,
+                        }
+                    )
+                    + "\n"
+                )
 
 
 def read_trace(path: str) -> Trace:
@@ -128,7 +147,9 @@ def read_trace(path: str) -> Trace:
     for i, rec in enumerate(records):
         try:
             sid = str(rec["session"])
-            sessions.setdefault(sid, []).append((int(rec.get("round", len(sessions[sid]) if sid in sessions else 0)), rec))
+            sessions.setdefault(sid, []).append(
+                (int(rec.get("round", len(sessions[sid]) if sid in sessions else 0)), rec)
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{path}: record {i}: {exc!r} (needs session, input_tokens)") from None
     out = []
@@ -141,8 +162,10 @@ def read_trace(path: str) -> Trace:
             p = int(rec.get("prefix_tokens", min(carried, c)))
             o = int(rec.get("output_tokens", 0))
             if not (0 <= p <= c) or p > carried or o < 0:
-                raise ValueError(f"{path}: session {sid} round {r}: prefix_tokens={p} must be within [0, input_tokens={c}] "
-                                 f"and at most the previous context {carried}; output_tokens={o} >= 0")
+                raise ValueError(
+                    f"{path}: session {sid} round {r}: prefix_tokens={p} must be within [0, input_tokens={c}] "
+                    f"and at most the previous context {carried}; output_tokens={o} >= 0"
+                )
             rounds.append(Round(float(rec.get("think_s", 0.0)), c, p, o))
         out.append(Session(sid, rounds))
     return Trace(out, params)
@@ -150,25 +173,38 @@ def read_trace(path: str) -> Trace:
 
 def trace_stats(trace: Trace) -> dict:
     """The statistics the generator aims at, measured on a trace."""
+
     def pct(xs, q):
         xs = sorted(xs)
         return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0
 
     at30 = [s.rounds[30].input_tokens for s in trace.sessions if len(s.rounds) > 30]
     news = [r.new_tokens for s in trace.sessions for r in s.rounds[1:]]
-    added = [b.input_tokens - a.input_tokens - a.output_tokens for s in trace.sessions for a, b in zip(s.rounds, s.rounds[1:], strict=False)]
+    added = [
+        b.input_tokens - a.input_tokens - a.output_tokens
+        for s in trace.sessions
+        for a, b in zip(s.rounds, s.rounds[1:], strict=False)
+    ]
     thinks = [r.think_s for s in trace.sessions for r in s.rounds[1:]]
     inp = sum(r.input_tokens for s in trace.sessions for r in s.rounds)
     outp = sum(r.output_tokens for s in trace.sessions for r in s.rounds)
     pre = sum(r.prefix_tokens for s in trace.sessions for r in s.rounds)
     peak = [max(r.input_tokens for r in s.rounds) for s in trace.sessions if s.rounds]
     return {
-        "sessions": len(trace.sessions), "rounds": sum(len(s.rounds) for s in trace.sessions),
-        "context_at_round_30_median": pct(at30, 0.5), "sessions_reaching_round_30": len(at30),
-        "sessions_beyond_180k": sum(p > 180_000 for p in peak), "max_context": max(peak, default=0),
-        "added_tokens_p10": pct(added, 0.1), "added_tokens_median": pct(added, 0.5), "added_tokens_p90": pct(added, 0.9),
-        "new_tokens_p10": pct(news, 0.1), "new_tokens_median": pct(news, 0.5), "new_tokens_p90": pct(news, 0.9),
-        "think_s_median": pct(thinks, 0.5), "input_output_ratio": inp / outp if outp else 0.0,
+        "sessions": len(trace.sessions),
+        "rounds": sum(len(s.rounds) for s in trace.sessions),
+        "context_at_round_30_median": pct(at30, 0.5),
+        "sessions_reaching_round_30": len(at30),
+        "sessions_beyond_180k": sum(p > 180_000 for p in peak),
+        "max_context": max(peak, default=0),
+        "added_tokens_p10": pct(added, 0.1),
+        "added_tokens_median": pct(added, 0.5),
+        "added_tokens_p90": pct(added, 0.9),
+        "new_tokens_p10": pct(news, 0.1),
+        "new_tokens_median": pct(news, 0.5),
+        "new_tokens_p90": pct(news, 0.9),
+        "think_s_median": pct(thinks, 0.5),
+        "input_output_ratio": inp / outp if outp else 0.0,
         "prefix_hit_rate": pre / inp if inp else 0.0,
     }
 
@@ -187,4 +223,3 @@ def scale_trace(trace: Trace, token_scale: float) -> Trace:
             rounds.append(Round(rd.think_s, c, p, max(0, int(rd.output_tokens * token_scale))))
         out.append(Session(s.id, rounds))
     return Trace(out, dict(trace.params, token_scale=token_scale))
-
