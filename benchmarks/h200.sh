@@ -23,7 +23,8 @@ elif has setup; then
     if ls .whl/*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
     fi
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target "$SITE" . 2>&1 | tail -5 || exit 1
+    # the build uses the carried setuptools (SPDX license expressions need >= 77)
+    PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target "$SITE" . 2>&1 | tail -5 || exit 1
     echo "$STAMP" > "$SITE/.phx-stamp"
     echo "setup: $(( $(date +%s) - t0 )) s"
 fi
