@@ -88,6 +88,7 @@ def main() -> int:
         p = subprocess.run(
             [sys.executable, "-c", CHILD, args.file, str(wait)],
             env={**os.environ, **env},
+            cwd="/",  # not the source tree: the installed package
             capture_output=True,
             text=True,
         )
