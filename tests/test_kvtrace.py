@@ -95,6 +95,9 @@ def _check_accounting(rec):
 
 def test_small_replay_accounting(rt, tmp_path):
     args = _args(tmp_path)
+    # tiers a quarter of the dry run's: the first rounds already overflow them, so the
+    # assertions below hold however few rounds a loaded machine completes in the window
+    args.hbm, args.dram = args.hbm // 4, args.dram // 4
     records = kvtrace.run(args, log=lambda *a: None)
     assert [(r["config"], r["concurrency"]) for r in records] == [(c, n) for n in (1, 4) for c in kvtrace.CONFIGS]
     for rec in records:

@@ -181,7 +181,12 @@ def test_info_and_stats_report_the_pinned_bytes(rt, dev, tmp_path):
         assert caps["settings"]["fmap_idle"] == 7
     env = dict(os.environ, PHX_VENDOR="host", PHX_FMAP_CACHE="96M", PHX_FMAP_IDLE="12")
     out = subprocess.run(
-        [sys.executable, "-m", "phoenix.cli.phx", "info"], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "phoenix.cli.phx", "info"],
+        env=env,
+        cwd=os.path.dirname(os.path.abspath(__file__)),  # not the source tree: the installed package
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     assert "fmap_cache: 96.0 MiB" in out.stdout and "fmap_idle: 12 s" in out.stdout
