@@ -255,7 +255,11 @@ int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64
     int staged = d->mem == PHX_MEM_DEVICE || (d->mem == PHX_MEM_DEVICE_MAPPED && d->mode == PHX_MODE_STAGED);
     uint64_t size = d->size;
     if (staged && d->op == PHX_OP_READ && size) {
-        int64_t known = phx_file_size(f), pend = atomic_load(&f->known_size);
+        /* the ends of writes in flight first, then fstat: a write that completes between
+         * the two has reset known_size (file_put) only after the file holds its bytes, so
+         * fstat then sees them; the other order could miss both */
+        int64_t pend = atomic_load(&f->known_size);
+        int64_t known = phx_file_size(f);
         if (known < 0)
             return (int)known;
         if (pend > known)
