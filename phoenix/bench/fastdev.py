@@ -103,8 +103,15 @@ class FastDevice:
 
     def __enter__(self) -> FastDevice:
         self._trap()
+        blocked = hasattr(signal, "pthread_sigmask")
+        if blocked:  # a signal during setup is taken after it, when every step made is known
+            old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
         try:
-            self._setup()
+            try:
+                self._setup()
+            finally:
+                if blocked:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         except BaseException:
             self.teardown()
             raise
