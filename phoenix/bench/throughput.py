@@ -20,6 +20,7 @@ gbps, cpu_s_per_gb, threads, chunk, size, ...) and a PNG to ``--plot``.
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import datetime
 import errno
@@ -129,6 +130,10 @@ class Bench:
             "seconds": secs,
             "test_double": bool(self.rt.is_test_double),
         }
+        fast = getattr(self.args, "fast_device_info", None)
+        if fast:  # every figure taken on the stand-in says so
+            rec["storage"] = fast["label"]
+            rec["fast_device"] = fast
         rec.update(extra)
         self.records.append(rec)
         return rec
@@ -289,6 +294,42 @@ def sequential_plan(args) -> list[tuple[str, str, int]]:
     ]
 
 
+SWEEP_THREADS = (1, 4, 8, 16, 32)
+SWEEP_CHUNKS = (1 << 20, 4 << 20, 16 << 20)
+SWEEP_QD = (8, 16, 32, 64, 128)
+
+
+def sweep_grid(args, op: str) -> list[tuple[int, int]]:
+    """The (threads, chunk) points of the raw O_DIRECT sweep of ``op`` (cold only):
+    ``--sweep-threads`` x ``--sweep-chunks`` plus phoenix's own (each --threads at
+    --chunk); random reads: in-flight counts ``SWEEP_QD`` plus --qd at --random-bs. Empty
+    without ``--raw-sweep``."""
+    if not getattr(args, "raw_sweep", False) or "cold" not in args.temperature or op not in args.ops:
+        return []
+    if op == "randread":
+        return [(q, args.random_bs) for q in sorted(set(SWEEP_QD) | {args.qd})]
+    threads = getattr(args, "sweep_threads", None) or SWEEP_THREADS
+    chunks = getattr(args, "sweep_chunks", None) or SWEEP_CHUNKS
+    pts = {(t, c) for t in threads for c in chunks} | {(t, args.chunk) for t in args.threads}
+    return sorted(pts)
+
+
+def select_sweep(points: list[dict], threads: int, chunk: int) -> tuple[dict | None, dict | None]:
+    """(the best point by GB/s, the point at phoenix's ``threads`` and ``chunk``) of a
+    sweep's records; the first of equals is the best; None where absent."""
+    best = None
+    for p in points:
+        if best is None or p["gbps"] > best["gbps"]:
+            best = p
+    at = next((p for p in points if p["threads"] == threads and p["chunk"] == chunk), None)
+    return best, at
+
+
+def config_text(threads: int, chunk: int, random: bool = False) -> str:
+    c = f"{chunk >> 20} MiB" if chunk >= 1 << 20 else f"{chunk >> 10} KiB"
+    return f"{threads} in flight x {c}" if random else f"{threads} thread{'s' if threads != 1 else ''} x {c}"
+
+
 def planned_steps(args, plan, kvikio: bool, vendor: str) -> int:
     """How many progress steps :func:`run` takes: per point, a warm-up run of each
     implementation where one is taken (warm reads: all; cold: KvikIO's) and ``reps``
@@ -300,7 +341,52 @@ def planned_steps(args, plan, kvikio: bool, vendor: str) -> int:
         steps += (n if temp == "warm" else int(kvikio)) + n * args.reps
     if "randread" in args.ops:
         steps += 1 + 3 * args.reps
+    steps += sum(len(sweep_grid(args, op)) for op in OPS)
     return steps + (vendor != "host")
+
+
+def raw_sweep(b, op: str, progress) -> None:
+    """The raw O_DIRECT reference over :func:`sweep_grid` (one run per point, the file
+    dropped from the page cache first): a ``raw_sweep`` record per point, then ``raw_best``
+    (the best point, its configuration named, with the point at phoenix's concurrency
+    beside it) that the table's ratios of ``op`` divide by."""
+    args = b.args
+    size = args.size
+    rand = op == "randread"
+    nops = max(args.qd * 16, min(args.random_ops, size // args.random_bs * 4)) if rand else 0
+    b.prepare_rep = lambda: drop_cache(args.file)
+    pts = []
+    for t, c in sweep_grid(args, op):
+        progress.step(f"raw O_DIRECT sweep {op} {config_text(t, c, rand)}")
+        nbytes, secs, cpu, _ = b.timed(lambda t=t, c=c: b._raw(op == "write", rand, size, c, t, nops), 1)
+        extra = {"iops": nops / secs} if rand else {}
+        pts.append(
+            b.record(
+                op,
+                "raw_sweep",
+                False,
+                nbytes,
+                secs,
+                cpu,
+                t,
+                c,
+                cache="cold",
+                reps=1,
+                config=config_text(t, c, rand),
+                **extra,
+            )
+        )
+    best, _ = select_sweep(pts, 0, 0)
+    if best is None:
+        return
+    at = {}
+    for t in [args.qd] if rand else args.threads:
+        _, p = select_sweep(pts, t, args.random_bs if rand else args.chunk)
+        if p is not None:
+            at[str(t)] = {"config": p["config"], "gbps": p["gbps"], **({"iops": p["iops"]} if rand else {})}
+    rec = {k: v for k, v in best.items() if k not in ("impl", "meta")}
+    rec.update(impl="raw_best", best_of=len(pts), at_concurrency=at)
+    b.records.append(rec)
 
 
 def _writable(path: str, exc: OSError) -> OSError:
@@ -328,8 +414,12 @@ def run(args, records: list[dict] | None = None) -> list[dict]:
     progress.total = planned_steps(args, plan, kv_ok, b.vendor)
     try:
         prepare_file(args.file, size)
+        swept = set()
         for temp, op, threads in plan:
             warm = temp == "warm"
+            if not warm and op not in swept:
+                swept.add(op)
+                raw_sweep(b, op, progress)
             b.prepare_rep = (lambda: warm_cache(args.file, size)) if warm else (lambda: drop_cache(args.file))
             impls = []
             if op == "read":
@@ -379,6 +469,7 @@ def run(args, records: list[dict] | None = None) -> list[dict]:
             for impl, (nbytes, secs, cpu, runs_s) in measured.items():
                 b.record(op, impl, warm, nbytes, secs, cpu, threads, chunk, cache=temp, reps=len(runs_s), runs_s=runs_s)
         if "randread" in ops:
+            raw_sweep(b, "randread", progress)
             bs, qd = args.random_bs, args.qd
             nops = max(qd * 16, min(args.random_ops, size // bs * 4))
             b.prepare_rep = lambda: drop_cache(args.file)
@@ -428,6 +519,7 @@ def run(args, records: list[dict] | None = None) -> list[dict]:
             "file": args.file,
             "kvikio": kv_why,
             "argv": sys.argv,
+            **({"fast_device": args.fast_device_info} if getattr(args, "fast_device_info", None) else {}),
         }  # argv: the command that made the record
         for r in b.records:  # in `finally`: the records of a run a later failure stopped carry it too
             r.setdefault("meta", meta)
@@ -435,29 +527,39 @@ def run(args, records: list[dict] | None = None) -> list[dict]:
 
 
 def table(records: list[dict]) -> str:
-    """Rows grouped by (op, cache, threads), each ratio against raw of that group."""
+    """Rows grouped by (op, cache, threads), each ratio against the best point of the raw
+    O_DIRECT sweep of that op and cache where one ran (its row first, configuration named),
+    else against raw of that group. Sweep points are in the JSON only."""
     lines = [
         f"{'op':<9} {'cache':<5} {'thr':>4} {'impl':<13} {'GB/s':>8} {'ratio':>7} {'vs bus':>7} {'CPU s/GB':>9} {'IOPS':>9}"
     ]
     bus = next((r["gbps"] for r in records if r["impl"] == "h2d_pinned"), None)
+    bests = {(r["op"], r.get("cache", "cold")): r for r in records if r["impl"] == "raw_best"}
     groups: dict = {}
     for r in records:
-        groups.setdefault((r["op"], r.get("cache", "warm" if r["warm"] else "cold"), r["threads"]), []).append(r)
+        if r["impl"] not in ("raw_sweep", "raw_best"):
+            groups.setdefault((r["op"], r.get("cache", "warm" if r["warm"] else "cold"), r["threads"]), []).append(r)
     for (op, cache, thr), rows in groups.items():
-        ref = next((x for x in rows if x["impl"].startswith("raw") and not x.get("first")), None)
-        for r in rows:
+        best = bests.get((op, cache))
+        ref = best or next((x for x in rows if x["impl"].startswith("raw") and not x.get("first")), None)
+        for r in ([best] if best else []) + rows:
             ratio = f"{r['gbps'] / ref['gbps']:.3f}x" if ref and ref["gbps"] else "-"
             vbus = f"{r['gbps'] / bus:.3f}x" if bus and r["warm"] and op == "read" else ""
             iops = f"{r['iops']:.0f}" if "iops" in r else ""
             name = r["impl"] + (" 1st" if r.get("first") else "")
+            notes = [f"best of {r['best_of']}: {r['config']}"] if r is best else []
+            notes += [r["storage"]] if r.get("storage") else []
+            note = f"  [{'; '.join(notes)}]" if notes else ""
             lines.append(
-                f"{op:<9} {cache:<5} {thr:>4} {name:<13} {r['gbps']:>8.2f} {ratio:>7} {vbus:>7} {r['cpu_s_per_gb']:>9.3f} {iops:>9}"
+                f"{op:<9} {cache:<5} {thr:>4} {name:<13} {r['gbps']:>8.2f} {ratio:>7} {vbus:>7} {r['cpu_s_per_gb']:>9.3f} {iops:>9}{note}"
             )
     return "\n".join(lines)
 
 
 IMPLS = {
     "raw_odirect": "O_DIRECT pread/pwrite of the file into host memory, in C: the storage limit (the reference)",
+    "raw_best": "the best point of the raw O_DIRECT sweep (threads x chunk; random reads: in flight), "
+    "configuration named, one run per point: where present, the reference every ratio of its op divides by",
     "raw_buffered": "buffered pread of the file into host memory (page cache), in C: the reference of warm reads",
     "naive": "pread into pinned host memory, then a synchronous copy to the device, in C: the loop phoenix replaces",
     "phoenix": "this library, file <-> device memory",
@@ -480,7 +582,9 @@ def legend(records: list[dict]) -> str:
         "  impl      what moved the bytes (below); '1st' marks the first warm run, a cache's first hit, not a median",
         "  GB/s      bytes moved / seconds, median of --reps repetitions (1 GB = 10^9 bytes)",
         "  ratio     GB/s / the raw reference's GB/s of the same op, cache and thr: 1.000x is as fast as the storage",
-        "            limit measured in this run",
+        "            limit measured in this run; where a raw sweep ran (--raw-sweep), against raw_best, the raw",
+        "            O_DIRECT reference at its best configuration of this run (raw_odirect beside it is the one at",
+        "            phoenix's concurrency)",
         "  vs bus    warm reads: GB/s / the pinned host -> device copy of this run (h2d_pinned; on accelerators only)",
         "  CPU s/GB  CPU seconds (user + system, all threads of the process) per GB moved: lower is cheaper",
         "  IOPS      randread: reads per second",
@@ -488,7 +592,13 @@ def legend(records: list[dict]) -> str:
     ]
     present = {r["impl"] for r in records} or set(IMPLS)
     lines += [f"  {name:<13} {text}" for name, text in IMPLS.items() if name in present]
-    lines += [f"  {name}" for name in sorted(present - set(IMPLS))]
+    lines += [f"  {name}" for name in sorted(present - set(IMPLS) - {"raw_sweep"})]
+    storage = next((r["fast_device"] for r in records if r.get("fast_device")), None)
+    if storage:
+        lines += [
+            f"storage: {storage['label']}: a {_size_label(storage['device_bytes'])} {storage['backing']}, "
+            f"{storage['loop']} (direct I/O {'on' if storage['direct_io'] else 'OFF'}), {storage['fs_text']}"
+        ]
     return "\n".join(lines)
 
 
@@ -514,6 +624,8 @@ def plain_log_axis(ax, which: str = "x", values=None, base: int = 2) -> None:
 
 
 def _label(r: dict) -> str:
+    if r["impl"] == "raw_best" and r.get("config"):
+        return f"raw_best\n({r['config']})"
     return r["impl"] + (" 1st" if r.get("first") else "")
 
 
@@ -532,7 +644,7 @@ def plot(records: list[dict], path: str) -> str:
     h2d = [r for r in records if r["impl"] == "h2d_pinned"]
     groups: dict = {}
     for r in records:
-        if r["impl"] != "h2d_pinned":
+        if r["impl"] not in ("h2d_pinned", "raw_sweep"):
             groups.setdefault((r["op"], r.get("cache") or ("warm" if r.get("warm") else "cold")), []).append(r)
     if not groups:
         return "no records to plot"
@@ -560,9 +672,11 @@ def _plot(plt, groups, h2d, records, path) -> str:
         def val(r, iops=iops):
             return r.get("iops") or 0 if iops else r["gbps"]
 
-        ref = next((r for r in recs if r["impl"] in ("raw_odirect", "raw_buffered") and not r.get("first")), None)
+        ref = next((r for r in recs if r["impl"] == "raw_best"), None) or next(
+            (r for r in recs if r["impl"] in ("raw_odirect", "raw_buffered") and not r.get("first")), None
+        )
         bus = h2d[-1]["gbps"] if h2d and cache == "warm" and not iops else None  # the pinned copy of the run
-        threads = sorted({r["threads"] for r in recs})
+        threads = sorted({r["threads"] for r in recs if r["impl"] != "raw_best"} or {r["threads"] for r in recs})
         if len(threads) == 1:
             names = [_label(r) for r in recs]
             vals = [val(r) for r in recs]
@@ -590,6 +704,9 @@ def _plot(plt, groups, h2d, records, path) -> str:
         else:
             series: dict = {}
             for r in recs:
+                if r is ref and r["impl"] == "raw_best":
+                    ax.axhline(val(r), color="black", linestyle=":", label=_label(r))
+                    continue
                 series.setdefault(_label(r), []).append((r["threads"], val(r)))
             for name, pts in sorted(series.items()):
                 pts.sort()
@@ -602,11 +719,16 @@ def _plot(plt, groups, h2d, records, path) -> str:
             ax.legend(fontsize=FONT["legend"])
             ax.set_title(f"{op} ({cache})", fontsize=FONT["title"])
         ax.grid(alpha=0.3)
-    r0 = records[0]
+    r0 = next((r for r in records if r["impl"] not in ("raw_sweep", "raw_best")), records[0])
     double = " (test double)" if r0.get("test_double") else ""
+    storage = next((r["storage"] for r in records if r.get("storage")), None)
+    where = f"\n{storage}" if storage else ""
+    refname = (
+        "the best raw O_DIRECT configuration" if any(r["impl"] == "raw_best" for r in records) else "the raw reference"
+    )
     fig.suptitle(
         f"phx bench, vendor {r0['vendor']}{double}, chunk {r0['chunk'] >> 20} MiB, "
-        f"{_size_label(r0['size'])}\nbars: ratio to the raw reference, CPU s/GB",
+        f"{_size_label(r0['size'])}{where}\nbars: ratio to {refname}, CPU s/GB",
         fontsize=FONT["suptitle"],
     )
     fig.tight_layout()
@@ -670,6 +792,41 @@ def add_parser(sub):
         help="write a PNG: a panel per operation and cache state, bars with "
         "the ratio to the raw reference and CPU s/GB (lines where several concurrencies ran)",
     )
+    p.add_argument(
+        "--fast-device",
+        type=positive_size,
+        metavar="SIZE",
+        help="run on a loop device over RAM (stand-in for a fast NVMe array): a SIZE file in /dev/shm, a loop device "
+        "over it with direct I/O on, ext4 on it (the raw device where mkfs.ext4 is missing), the bench file there; "
+        "all torn down at the end, on errors and on Ctrl-C. Needs root, a free loop device and SIZE free in /dev/shm; "
+        "SIZE a little above --size (ext4's metadata). --file is not used",
+    )
+    p.add_argument(
+        "--fast-device-fs",
+        choices=("ext4", "raw"),
+        help="ext4 (default where mkfs.ext4 exists) or raw: the loop device itself as the bench file",
+    )
+    p.add_argument(
+        "--raw-sweep",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the raw O_DIRECT reference of each cold op over a grid of threads x chunk sizes (random reads: in "
+        "flight) and divide the ratios by its best point (default: on with --fast-device)",
+    )
+    p.add_argument(
+        "--sweep-threads",
+        type=comma_list(item=positive_int),
+        default=list(SWEEP_THREADS),
+        metavar="N[,N...]",
+        help="the sweep's thread counts (default 1,4,8,16,32; phoenix's own --threads are always added)",
+    )
+    p.add_argument(
+        "--sweep-chunks",
+        type=comma_list(item=positive_size),
+        default=list(SWEEP_CHUNKS),
+        metavar="SIZE[,SIZE...]",
+        help="the sweep's chunk sizes (default 1M,4M,16M; phoenix's own --chunk is always added)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=main)
     return p
@@ -700,8 +857,27 @@ def report(records: list[dict], args, stopped: BaseException | None = None) -> N
 
 def main(args) -> int:
     records: list[dict] = []
+    fast = getattr(args, "fast_device", None)
+    if getattr(args, "raw_sweep", None) is None:
+        args.raw_sweep = bool(fast)
     try:
-        run(args, records)
+        if fast:
+            from . import fastdev
+
+            fs = fastdev.pick_fs(getattr(args, "fast_device_fs", None))
+            fastdev.check(fast, args.size, fs)
+            with fastdev.FastDevice(fast, fs) as dev:
+                args.file = dev.file
+                args.fast_device_info = dev.info()
+                if not getattr(args, "quiet", False):
+                    print(
+                        f"phx bench: on a {fastdev.LABEL}: {dev.loop} over {dev.image}, "
+                        f"direct I/O {'on' if dev.dio else 'OFF'}, {dev.info()['fs_text']}; bench file {dev.file}",
+                        file=sys.stderr,
+                    )
+                run(args, records)
+        else:
+            run(args, records)
     except BaseException as exc:  # what was measured is kept, then the error is reported (phoenix.cli._run)
         report(records, args, stopped=exc)
         raise
