@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything the NVIDIA issue needs from the H200 machine, in one call:
-#   benchmarks/h200.sh [stages...]   stages: setup info conformance bench loader lmcache kvtrace split
+#   benchmarks/h200.sh [stages...]   stages: setup info conformance bench loader lmcache kvtrace split fastdev
+#   (fastdev, issue 21: the 8 GiB cold bench on a loop device over a tmpfs file, the raw O_DIRECT reference swept)
 #   (default: all but split and warmcfg; split: benchmarks/h200_diag.py, where random and first warm reads
 #   lose time; warmcfg: the staged path's settings against KvikIO on a cached file)
 # Builds phoenix there (no network: no build isolation, wheels carried in .whl/),
@@ -73,6 +74,19 @@ if has bench; then
     timeout ${PHX_WARM_TIMEOUT:-100} phx bench --file /dev/shm/phx-bench.bin --size "$SIZE" --threads ${PHX_BENCH_WARM_THREADS:-16} --chunk 16M \
         --ops read --temperature warm --reps 3 --quiet --json "$OUT/bench-warm.json" --plot "$OUT/bench-warm.png"
     rm -f /dev/shm/phx-bench.bin
+fi
+
+if has fastdev; then
+    # issue 21: "loop device over RAM (stand-in for a fast NVMe array)": a 9 GiB tmpfs file in /dev/shm, losetup
+    # --direct-io=on, ext4, torn down by phx bench itself (also on timeout's SIGTERM); raw O_DIRECT swept over
+    # threads 1,4,8,16,32 x chunks 1M,4M,16M (random reads: 8..128 in flight), every ratio against its best point
+    losetup -a; df -h /dev/shm | sed 1d
+    timeout ${PHX_FASTDEV_TIMEOUT:-420} phx bench --fast-device ${PHX_FASTDEV_SIZE:-9G} --size ${PHX_BENCH_SIZE:-8G} \
+        --threads ${PHX_BENCH_THREADS:-16} --chunk 16M --ops read,write,randread --random-ops ${PHX_RANDOM_OPS:-60000} \
+        --temperature cold --reps ${PHX_BENCH_REPS:-2} --quiet \
+        --json "$OUT/bench-fastdev.json" --plot "$OUT/bench-fastdev.png" > "$OUT/bench-fastdev.log" 2>&1
+    echo "fastdev rc=$?"; cut -c1-220 "$OUT/bench-fastdev.log" | head -24
+    if losetup -a | grep -q phx-fastdev || grep -q phx-fastdev /proc/mounts; then echo "fastdev: LEFT BEHIND:"; losetup -a; fi
 fi
 
 if has loader; then

@@ -79,6 +79,8 @@ class _Desc(ctypes.Structure):
         ("device", ctypes.c_int32),
         ("mode", ctypes.c_int32),
         ("after", ctypes.c_void_p),  # phx_fence *: the caller's stream point to wait for
+        ("priority", ctypes.c_int32),  # enum phx_priority: 0 normal, 1 background
+        ("reserved", ctypes.c_int32),
     ]
 
 
@@ -207,7 +209,7 @@ def _desc_dtype():
     dt = np.dtype(
         {
             "names": [f for f, _ in _Desc._fields_],
-            "formats": ["<u8", "<u8", "<u8", "<i8", "<i4", "<i4", "<i4", "<i4", "<u8"],
+            "formats": ["<u8", "<u8", "<u8", "<i8", "<i4", "<i4", "<i4", "<i4", "<u8", "<i4", "<i4"],
             "offsets": [getattr(_Desc, f).offset for f, _ in _Desc._fields_],
             "itemsize": ctypes.sizeof(_Desc),
         }

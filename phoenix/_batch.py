@@ -26,19 +26,20 @@ class IORequest:
     file_offset: int = 0
     buf_offset: int = 0
     op: str = "read"
+    priority: str = "normal"  # or "background" (see PhxFile.pwrite)
 
 
 def _normalize(req, i: int):
     """A request as (file, buf, size, file_offset, buf_offset, op), or the TypeError that
     says why it is not one (returned, not raised: a malformed request fails alone)."""
     if isinstance(req, IORequest):
-        return (req.file, req.buf, req.size, req.file_offset, req.buf_offset, req.op)
+        return (req.file, req.buf, req.size, req.file_offset, req.buf_offset, req.op, req.priority)
     if isinstance(req, dict):
-        unknown = set(req) - {"file", "buf", "size", "file_offset", "buf_offset", "op"}
+        unknown = set(req) - {"file", "buf", "size", "file_offset", "buf_offset", "op", "priority"}
         if unknown or "file" not in req or "buf" not in req:
             return TypeError(
                 f"request {i}: a dict needs 'file' and 'buf' (and may have size, file_offset, "
-                f"buf_offset, op){'; unknown keys ' + ', '.join(sorted(map(str, unknown))) if unknown else ''}"
+                f"buf_offset, op, priority){'; unknown keys ' + ', '.join(sorted(map(str, unknown))) if unknown else ''}"
             )
         return (
             req["file"],
@@ -47,6 +48,7 @@ def _normalize(req, i: int):
             req.get("file_offset", 0),
             req.get("buf_offset", 0),
             req.get("op", "read"),
+            req.get("priority", "normal"),
         )
     try:
         t = tuple(req)
@@ -54,9 +56,11 @@ def _normalize(req, i: int):
         return TypeError(
             f"request {i}: (file, buf, size, file_offset, buf_offset, op) expected, got {type(req).__name__}"
         )
-    if not 2 <= len(t) <= 6:
-        return TypeError(f"request {i}: (file, buf, size, file_offset, buf_offset, op) expected, got {len(t)} items")
-    defaults = (None, None, None, 0, 0, "read")
+    if not 2 <= len(t) <= 7:
+        return TypeError(
+            f"request {i}: (file, buf, size, file_offset, buf_offset, op, priority) expected, got {len(t)} items"
+        )
+    defaults = (None, None, None, 0, 0, "read", "normal")
     return t + defaults[len(t) :]
 
 
@@ -64,7 +68,8 @@ def batch(requests, *, wait: bool = True, stream=None):
     """Submit many requests at once.
 
     Each request is an :class:`IORequest`, a dict with those keys, or a tuple
-    ``(file, buf, size=None, file_offset=0, buf_offset=0, op="read")``. A failed request
+    ``(file, buf, size=None, file_offset=0, buf_offset=0, op="read", priority="normal")``
+    (``priority="background"``: see :meth:`PhxFile.pwrite`). A failed request
     fails alone. With ``wait`` (default) returns one result per request: the byte count,
     or the :class:`PhxIOError` (not raised); with ``wait=False`` the :class:`IOFuture` list.
     Each request is ordered after its caller's stream (``stream``, else its buffer's).

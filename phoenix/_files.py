@@ -251,35 +251,77 @@ class PhxFile:
 
     # -- I/O -----------------------------------------------------------------------------------
 
-    def _submit(self, op, buf, size, file_offset, buf_offset, stream) -> IOFuture:
+    def _submit(self, op, buf, size, file_offset, buf_offset, stream, priority) -> IOFuture:
         what = "pread" if op == OP_READ else "pwrite"
-        return _submit_many([(self, buf, size, file_offset, buf_offset, op)], what, stream=stream)[0]
+        return _submit_many([(self, buf, size, file_offset, buf_offset, op, priority)], what, stream=stream)[0]
 
     def pread(
-        self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0, *, stream=None
+        self,
+        buf,
+        size: int | None = None,
+        file_offset: int = 0,
+        buf_offset: int = 0,
+        *,
+        stream=None,
+        priority: str = "normal",
     ) -> IOFuture:
         """Read ``size`` bytes (default: to the end of ``buf``) at ``file_offset`` into
         ``buf`` at ``buf_offset``; returns an :class:`IOFuture` of the byte count.
         Ordered after the caller's stream (``stream``: see "Ordering with the caller's
-        stream" in :mod:`phoenix.io`); the bytes are in place once the future is done."""
-        return self._submit(OP_READ, buf, size, file_offset, buf_offset, stream)
+        stream" in :mod:`phoenix.io`); the bytes are in place once the future is done.
+        ``priority`` as for :meth:`pwrite`."""
+        return self._submit(OP_READ, buf, size, file_offset, buf_offset, stream, priority)
 
     def pwrite(
-        self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0, *, stream=None
+        self,
+        buf,
+        size: int | None = None,
+        file_offset: int = 0,
+        buf_offset: int = 0,
+        *,
+        stream=None,
+        priority: str = "normal",
     ) -> IOFuture:
         """Write ``size`` bytes of ``buf`` from ``buf_offset`` to the file at ``file_offset``
-        (after the work queued so far on the caller's stream has produced them)."""
-        return self._submit(OP_WRITE, buf, size, file_offset, buf_offset, stream)
+        (after the work queued so far on the caller's stream has produced them).
 
-    def read(self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0, *, stream=None) -> int:
+        ``priority``: ``"normal"`` (default) or ``"background"``. The workers run normal
+        requests' chunks before background ones (one background chunk after every few
+        normal ones: never starved), and background chunks leave a quarter of the bounce
+        pool free: a load submitted behind gigabytes of background writes (a KV engine's
+        offloads) waits only for the chunks already in flight, not for the queue.
+        Anything else raises :class:`~phoenix.checks.ArgumentError`."""
+        return self._submit(OP_WRITE, buf, size, file_offset, buf_offset, stream, priority)
+
+    def read(
+        self,
+        buf,
+        size: int | None = None,
+        file_offset: int = 0,
+        buf_offset: int = 0,
+        *,
+        stream=None,
+        priority: str = "normal",
+    ) -> int:
         """Blocking :meth:`pread`: the byte count (short at end of file)."""
-        return self.pread(buf, size, file_offset, buf_offset, stream=stream).result()
+        return self.pread(buf, size, file_offset, buf_offset, stream=stream, priority=priority).result()
 
-    def write(self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0, *, stream=None) -> int:
-        """Blocking :meth:`pwrite`: the byte count."""
-        return self.pwrite(buf, size, file_offset, buf_offset, stream=stream).result()
+    def write(
+        self,
+        buf,
+        size: int | None = None,
+        file_offset: int = 0,
+        buf_offset: int = 0,
+        *,
+        stream=None,
+        priority: str = "normal",
+    ) -> int:
+        """Blocking :meth:`pwrite` (``priority`` as there): the byte count."""
+        return self.pwrite(buf, size, file_offset, buf_offset, stream=stream, priority=priority).result()
 
-    def read_many(self, buf, file_offsets, sizes, buf_offsets=None, *, check: bool = True, stream=None):
+    def read_many(
+        self, buf, file_offsets, sizes, buf_offsets=None, *, check: bool = True, stream=None, priority: str = "normal"
+    ):
         """Gather: read many extents of this file into one buffer in one call.
 
         ``file_offsets``, ``sizes`` and ``buf_offsets`` are sequences or NumPy arrays of
@@ -293,23 +335,28 @@ class PhxFile:
         Returns an int64 array of byte counts (short at end of file). With ``check``
         (default), a failed extent raises :class:`PhxIOError` naming the first failed one
         and how many failed, after all have finished; without it, its entry is -errno.
-        Ordered after the caller's stream, as :meth:`read`.
+        Ordered after the caller's stream, as :meth:`read`; ``priority`` as for
+        :meth:`pwrite`.
         """
-        return self._many(OP_READ, buf, file_offsets, sizes, buf_offsets, check, stream)
+        return self._many(OP_READ, buf, file_offsets, sizes, buf_offsets, check, stream, priority)
 
-    def write_many(self, buf, file_offsets, sizes, buf_offsets=None, *, check: bool = True, stream=None):
-        """Scatter: write many extents of one buffer to this file (see :meth:`read_many`)."""
-        return self._many(OP_WRITE, buf, file_offsets, sizes, buf_offsets, check, stream)
+    def write_many(
+        self, buf, file_offsets, sizes, buf_offsets=None, *, check: bool = True, stream=None, priority: str = "normal"
+    ):
+        """Scatter: write many extents of one buffer to this file (see :meth:`read_many`);
+        ``priority="background"`` for offloads nobody waits for (see :meth:`pwrite`)."""
+        return self._many(OP_WRITE, buf, file_offsets, sizes, buf_offsets, check, stream, priority)
 
-    def _many(self, op, buf, file_offsets, sizes, buf_offsets, check, stream):
+    def _many(self, op, buf, file_offsets, sizes, buf_offsets, check, stream, priority="normal"):
         s = _settings.get()
         with _using_engine(s) as engine:
-            return self._many_on(engine, s, op, buf, file_offsets, sizes, buf_offsets, check, stream)
+            return self._many_on(engine, s, op, buf, file_offsets, sizes, buf_offsets, check, stream, priority)
 
-    def _many_on(self, engine, s, op, buf, file_offsets, sizes, buf_offsets, check, stream):
+    def _many_on(self, engine, s, op, buf, file_offsets, sizes, buf_offsets, check, stream, priority="normal"):
         import numpy as np
 
         what = "read_many" if op == OP_READ else "write_many"
+        prio = _checks.priority(priority, self.path, what)
         fo, sz, bo = _checks.extent_arrays(file_offsets, sizes, buf_offsets, self.path, what)
         n = fo.size
         out = np.zeros(n, np.int64)
@@ -371,6 +418,7 @@ class PhxFile:
             descs["file_offset"] = fo
             descs["op"], descs["mem"], descs["device"], descs["mode"] = op, r.mem, r.device, MODE[s.mode]
             descs["after"] = fences.after(e, explicit, self.path, int(fo[lo_i]), what) or 0
+            descs["priority"] = prio
             handles = np.zeros(n, np.uint64)
             h = self._enter()
             try:
@@ -414,13 +462,14 @@ class PhxFile:
             raise err
         return out
 
-    def _stream(self, op, buf, size, file_offset, buf_offset, stream) -> StreamIO:
+    def _stream(self, op, buf, size, file_offset, buf_offset, stream, priority="normal") -> StreamIO:
         s = _settings.get()
         with _using_engine(s) as engine:
-            return self._stream_on(engine, s, op, buf, size, file_offset, buf_offset, stream)
+            return self._stream_on(engine, s, op, buf, size, file_offset, buf_offset, stream, priority)
 
-    def _stream_on(self, engine, s, op, buf, size, file_offset, buf_offset, stream) -> StreamIO:
+    def _stream_on(self, engine, s, op, buf, size, file_offset, buf_offset, stream, priority="normal") -> StreamIO:
         what = "read_async" if op == OP_READ else "write_async"
+        prio = _checks.priority(priority, self.path, what)
         explicit = None if stream is None else _streams.handle(stream)
         r = _resolve(
             engine.runtime, buf, size, buf_offset, op == OP_READ, self.path, file_offset, what, stream=explicit
@@ -442,6 +491,7 @@ class PhxFile:
             h = self._enter()
             try:
                 d = _Desc(h, r.addr, r.size, file_offset, op, r.mem, r.device, MODE[s.mode])
+                d.priority = prio
                 sop = _P()
                 on = _streams.caller_stream(r.buf, r.mem, explicit) or 0
                 rc = _lib.phx_stream_io(engine.handle, ctypes.byref(d), on, None, ctypes.byref(sop))
@@ -459,19 +509,34 @@ class PhxFile:
         return op_obj
 
     def read_async(
-        self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0, stream=None
+        self,
+        buf,
+        size: int | None = None,
+        file_offset: int = 0,
+        buf_offset: int = 0,
+        stream=None,
+        *,
+        priority: str = "normal",
     ) -> StreamIO:
         """Read ordered on ``stream`` (None: the caller's stream, found as for :meth:`read`):
         work queued on it before this call has finished when the read starts, work queued
         after sees the bytes. Returns a :class:`StreamIO` whose ``bytes_done`` is bound when
-        the stream gets there."""
-        return self._stream(OP_READ, buf, size, file_offset, buf_offset, stream)
+        the stream gets there. ``priority`` as for :meth:`pwrite`."""
+        return self._stream(OP_READ, buf, size, file_offset, buf_offset, stream, priority)
 
     def write_async(
-        self, buf, size: int | None = None, file_offset: int = 0, buf_offset: int = 0, stream=None
+        self,
+        buf,
+        size: int | None = None,
+        file_offset: int = 0,
+        buf_offset: int = 0,
+        stream=None,
+        *,
+        priority: str = "normal",
     ) -> StreamIO:
-        """Write ordered on ``stream`` (see :meth:`read_async`)."""
-        return self._stream(OP_WRITE, buf, size, file_offset, buf_offset, stream)
+        """Write ordered on ``stream`` (see :meth:`read_async`); ``priority="background"``:
+        its file I/O goes after normal requests' (see :meth:`pwrite`)."""
+        return self._stream(OP_WRITE, buf, size, file_offset, buf_offset, stream, priority)
 
 
 _MANY_SLICE = 1024  # read_many / write_many: requests per phx_submit
@@ -537,12 +602,13 @@ def _submit_on(engine, s, reqs, what_default, want_futures, stream):
             if isinstance(req, BaseException):  # malformed (_normalize): fails alone
                 early[i] = req
                 continue
-            f, buf, size, file_offset, buf_offset, op = req
+            f, buf, size, file_offset, buf_offset, op, priority = req
             opcode = _OPS.get(op) if isinstance(op, (str, int)) and not isinstance(op, bool) else None
             what = what_default or ("read" if opcode == OP_READ else "write")
             try:
                 if opcode is None:
                     raise ValueError(f"request {i}: op {op!r} is not 'read' or 'write'")
+                prio = _checks.priority(priority, getattr(f, "path", None), what if single else f"request {i}: {what}")
                 fh = files.get(id(f))
                 if fh is None:
                     if not isinstance(f, PhxFile):
@@ -570,6 +636,7 @@ def _submit_on(engine, s, reqs, what_default, want_futures, stream):
             d.file, d.addr, d.size, d.file_offset = f._h, r.addr, r.size, file_offset
             d.op, d.mem, d.device, d.mode = opcode, r.mem, r.device, mode
             d.after = after
+            d.priority = prio
             bufs[i] = r.buf if r.buf is not None else _NOTHING
             meta[i] = (f, file_offset, r.size, what)
             pend.append(i)

@@ -27,6 +27,18 @@ class ArgumentError(PhxIOError, ValueError):
     """An argument out of the range the I/O core takes (EINVAL): names the parameter."""
 
 
+#: a request's priority (``priority=``): enum phx_priority of the core
+PRIORITY = {"normal": 0, "background": 1}
+
+
+def priority(value, path, what: str) -> int:
+    """The core's priority of ``priority=value`` ("normal" or "background"); ArgumentError
+    naming the parameter for anything else."""
+    if isinstance(value, str) and value in PRIORITY:
+        return PRIORITY[value]
+    raise ArgumentError(_errno.EINVAL, path, what=what, reason=f"priority={value!r} is not 'normal' or 'background'")
+
+
 def integer(value, name: str, what: str) -> int:
     """``value`` as an int; TypeError naming ``name`` for anything that is not an integer."""
     if isinstance(value, bool):

@@ -75,6 +75,33 @@ def test_phx_bench_records(tmp_path):
         assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_phx_bench_loadlat(tmp_path):
+    """``phx bench loadlat`` with tiny sizes: block loads idle, beside background and
+    normal write streams, as a table and JSON records; the write file it made is removed."""
+    out = tmp_path / "ll.json"
+    wfile = tmp_path / "w.bin"
+    env = dict(os.environ, PHX_VENDOR="host")
+    cmd = [sys.executable, "-P", "-m", "phoenix.cli.phx", "bench", "loadlat", "--file", str(tmp_path / "l.bin")]
+    cmd += ["--size", "8M", "--block", "1M", "--loads", "4", "--write-file", str(wfile), "--write-size", "64M"]
+    cmd += ["--write-chunk", "2M", "--write-depth", "4", "--threads", "2", "--quiet", "--json", str(out)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    recs = json.loads(out.read_text())
+    assert [(r["impl"], r["writes"]) for r in recs] == [
+        ("phoenix", "none"),
+        ("phoenix", "background"),
+        ("phoenix", "normal"),
+    ]
+    for r in recs:
+        assert r["bench"] == "loadlat" and r["block"] == 1 << 20 and r["meta"]["test_double"] is True
+        assert 1 <= r["loads"] == len(r["lat_ms"]) <= 4
+        assert 0 < r["p50_ms"] <= r["p99_ms"] <= r["max_ms"]
+        assert (r["writes"] == "none") == ("write_gbps" not in r)
+    assert recs[0]["loads"] == 4
+    assert "p99/idle" in p.stdout and "test double" in p.stdout
+    assert not wfile.exists()
+
+
 def _check_progress(stderr: str) -> None:
     """The progress line counts up to its total, which the plan gave right (not 15 of 18)."""
     steps = [ln.split("] ", 1)[1].split()[0] for ln in stderr.splitlines() if ln.startswith("[")]

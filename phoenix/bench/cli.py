@@ -1,4 +1,4 @@
-"""``phx bench [kv-trace | loader]``: the benchmarks' command line, hung under ``phx``.
+"""``phx bench [kv-trace | loader | loadlat]``: the benchmarks' command line, hung under ``phx``.
 
 Benchmark side, control plane. ``phx bench`` alone is the throughput bench; the
 sub-benchmarks are its subcommands. Called by phoenix.cli.phx, the only importer of
@@ -7,11 +7,12 @@ this package.
 
 from __future__ import annotations
 
-from . import kvtrace, loader, throughput
+from . import kvtrace, loader, loadlat, throughput
 
 
 def add_parser(sub) -> None:
     p = throughput.add_parser(sub)
-    benches = p.add_subparsers(dest="bench_cmd", metavar="{kv-trace,loader}")
+    benches = p.add_subparsers(dest="bench_cmd", metavar="{kv-trace,loader,loadlat}")
     kvtrace.add_parser(benches)
     loader.add_parser(benches)
+    loadlat.add_parser(benches)

@@ -20,10 +20,10 @@ gbps, cpu_s_per_gb, threads, chunk, size, ...) and a PNG to ``--plot``.
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import datetime
 import errno
-import json
 import os
 import platform
 import resource
@@ -37,6 +37,7 @@ from phoenix.vendor import CopyKind
 
 from .files import check_bench_file, drop_cache, prepare_file, warm_cache
 from .raw import naive_transfer, raw_transfer
+from .report import FONT, IMPLS, legend, plain_log_axis, plot, report, table  # noqa: F401 (re-exported)
 
 GB = 1e9
 OPS = ("read", "write", "randread")
@@ -129,6 +130,10 @@ class Bench:
             "seconds": secs,
             "test_double": bool(self.rt.is_test_double),
         }
+        fast = getattr(self.args, "fast_device_info", None)
+        if fast:  # every figure taken on the stand-in says so
+            rec["storage"] = fast["label"]
+            rec["fast_device"] = fast
         rec.update(extra)
         self.records.append(rec)
         return rec
@@ -289,6 +294,42 @@ def sequential_plan(args) -> list[tuple[str, str, int]]:
     ]
 
 
+SWEEP_THREADS = (1, 4, 8, 16, 32)
+SWEEP_CHUNKS = (1 << 20, 4 << 20, 16 << 20)
+SWEEP_QD = (8, 16, 32, 64, 128)
+
+
+def sweep_grid(args, op: str) -> list[tuple[int, int]]:
+    """The (threads, chunk) points of the raw O_DIRECT sweep of ``op`` (cold only):
+    ``--sweep-threads`` x ``--sweep-chunks`` plus phoenix's own (each --threads at
+    --chunk); random reads: in-flight counts ``SWEEP_QD`` plus --qd at --random-bs. Empty
+    without ``--raw-sweep``."""
+    if not getattr(args, "raw_sweep", False) or "cold" not in args.temperature or op not in args.ops:
+        return []
+    if op == "randread":
+        return [(q, args.random_bs) for q in sorted(set(SWEEP_QD) | {args.qd})]
+    threads = getattr(args, "sweep_threads", None) or SWEEP_THREADS
+    chunks = getattr(args, "sweep_chunks", None) or SWEEP_CHUNKS
+    pts = {(t, c) for t in threads for c in chunks} | {(t, args.chunk) for t in args.threads}
+    return sorted(pts)
+
+
+def select_sweep(points: list[dict], threads: int, chunk: int) -> tuple[dict | None, dict | None]:
+    """(the best point by GB/s, the point at phoenix's ``threads`` and ``chunk``) of a
+    sweep's records; the first of equals is the best; None where absent."""
+    best = None
+    for p in points:
+        if best is None or p["gbps"] > best["gbps"]:
+            best = p
+    at = next((p for p in points if p["threads"] == threads and p["chunk"] == chunk), None)
+    return best, at
+
+
+def config_text(threads: int, chunk: int, random: bool = False) -> str:
+    c = f"{chunk >> 20} MiB" if chunk >= 1 << 20 else f"{chunk >> 10} KiB"
+    return f"{threads} in flight x {c}" if random else f"{threads} thread{'s' if threads != 1 else ''} x {c}"
+
+
 def planned_steps(args, plan, kvikio: bool, vendor: str) -> int:
     """How many progress steps :func:`run` takes: per point, a warm-up run of each
     implementation where one is taken (warm reads: all; cold: KvikIO's) and ``reps``
@@ -300,7 +341,52 @@ def planned_steps(args, plan, kvikio: bool, vendor: str) -> int:
         steps += (n if temp == "warm" else int(kvikio)) + n * args.reps
     if "randread" in args.ops:
         steps += 1 + 3 * args.reps
+    steps += sum(len(sweep_grid(args, op)) for op in OPS)
     return steps + (vendor != "host")
+
+
+def raw_sweep(b, op: str, progress) -> None:
+    """The raw O_DIRECT reference over :func:`sweep_grid` (one run per point, the file
+    dropped from the page cache first): a ``raw_sweep`` record per point, then ``raw_best``
+    (the best point, its configuration named, with the point at phoenix's concurrency
+    beside it) that the table's ratios of ``op`` divide by."""
+    args = b.args
+    size = args.size
+    rand = op == "randread"
+    nops = max(args.qd * 16, min(args.random_ops, size // args.random_bs * 4)) if rand else 0
+    b.prepare_rep = lambda: drop_cache(args.file)
+    pts = []
+    for t, c in sweep_grid(args, op):
+        progress.step(f"raw O_DIRECT sweep {op} {config_text(t, c, rand)}")
+        nbytes, secs, cpu, _ = b.timed(lambda t=t, c=c: b._raw(op == "write", rand, size, c, t, nops), 1)
+        extra = {"iops": nops / secs} if rand else {}
+        pts.append(
+            b.record(
+                op,
+                "raw_sweep",
+                False,
+                nbytes,
+                secs,
+                cpu,
+                t,
+                c,
+                cache="cold",
+                reps=1,
+                config=config_text(t, c, rand),
+                **extra,
+            )
+        )
+    best, _ = select_sweep(pts, 0, 0)
+    if best is None:
+        return
+    at = {}
+    for t in [args.qd] if rand else args.threads:
+        _, p = select_sweep(pts, t, args.random_bs if rand else args.chunk)
+        if p is not None:
+            at[str(t)] = {"config": p["config"], "gbps": p["gbps"], **({"iops": p["iops"]} if rand else {})}
+    rec = {k: v for k, v in best.items() if k not in ("impl", "meta")}
+    rec.update(impl="raw_best", best_of=len(pts), at_concurrency=at)
+    b.records.append(rec)
 
 
 def _writable(path: str, exc: OSError) -> OSError:
@@ -328,8 +414,12 @@ def run(args, records: list[dict] | None = None) -> list[dict]:
     progress.total = planned_steps(args, plan, kv_ok, b.vendor)
     try:
         prepare_file(args.file, size)
+        swept = set()
         for temp, op, threads in plan:
             warm = temp == "warm"
+            if not warm and op not in swept:
+                swept.add(op)
+                raw_sweep(b, op, progress)
             b.prepare_rep = (lambda: warm_cache(args.file, size)) if warm else (lambda: drop_cache(args.file))
             impls = []
             if op == "read":
@@ -379,6 +469,7 @@ def run(args, records: list[dict] | None = None) -> list[dict]:
             for impl, (nbytes, secs, cpu, runs_s) in measured.items():
                 b.record(op, impl, warm, nbytes, secs, cpu, threads, chunk, cache=temp, reps=len(runs_s), runs_s=runs_s)
         if "randread" in ops:
+            raw_sweep(b, "randread", progress)
             bs, qd = args.random_bs, args.qd
             nops = max(qd * 16, min(args.random_ops, size // bs * 4))
             b.prepare_rep = lambda: drop_cache(args.file)
@@ -428,191 +519,11 @@ def run(args, records: list[dict] | None = None) -> list[dict]:
             "file": args.file,
             "kvikio": kv_why,
             "argv": sys.argv,
+            **({"fast_device": args.fast_device_info} if getattr(args, "fast_device_info", None) else {}),
         }  # argv: the command that made the record
         for r in b.records:  # in `finally`: the records of a run a later failure stopped carry it too
             r.setdefault("meta", meta)
     return b.records
-
-
-def table(records: list[dict]) -> str:
-    """Rows grouped by (op, cache, threads), each ratio against raw of that group."""
-    lines = [
-        f"{'op':<9} {'cache':<5} {'thr':>4} {'impl':<13} {'GB/s':>8} {'ratio':>7} {'vs bus':>7} {'CPU s/GB':>9} {'IOPS':>9}"
-    ]
-    bus = next((r["gbps"] for r in records if r["impl"] == "h2d_pinned"), None)
-    groups: dict = {}
-    for r in records:
-        groups.setdefault((r["op"], r.get("cache", "warm" if r["warm"] else "cold"), r["threads"]), []).append(r)
-    for (op, cache, thr), rows in groups.items():
-        ref = next((x for x in rows if x["impl"].startswith("raw") and not x.get("first")), None)
-        for r in rows:
-            ratio = f"{r['gbps'] / ref['gbps']:.3f}x" if ref and ref["gbps"] else "-"
-            vbus = f"{r['gbps'] / bus:.3f}x" if bus and r["warm"] and op == "read" else ""
-            iops = f"{r['iops']:.0f}" if "iops" in r else ""
-            name = r["impl"] + (" 1st" if r.get("first") else "")
-            lines.append(
-                f"{op:<9} {cache:<5} {thr:>4} {name:<13} {r['gbps']:>8.2f} {ratio:>7} {vbus:>7} {r['cpu_s_per_gb']:>9.3f} {iops:>9}"
-            )
-    return "\n".join(lines)
-
-
-IMPLS = {
-    "raw_odirect": "O_DIRECT pread/pwrite of the file into host memory, in C: the storage limit (the reference)",
-    "raw_buffered": "buffered pread of the file into host memory (page cache), in C: the reference of warm reads",
-    "naive": "pread into pinned host memory, then a synchronous copy to the device, in C: the loop phoenix replaces",
-    "phoenix": "this library, file <-> device memory",
-    "phoenix_batch": "phoenix, the same random reads submitted as one batch() of Python requests",
-    "kvikio": "KvikIO (compat mode), file <-> device memory",
-    "h2d_pinned": "pinned host -> device copy, no file: the bus limit",
-}
-
-
-def legend(records: list[dict]) -> str:
-    """What every column of :func:`table` means, and each implementation present."""
-    lines = [
-        "columns:",
-        "  op        read, write: sequential, the whole --size in --chunk pieces; randread: --random-bs reads at random",
-        "            offsets, --qd in flight",
-        "  cache     cold: the file is dropped from the page cache before every repetition (the disk's speed),",
-        "            phoenix's pinned page-cache windows released first (fmap_clear; PHX_FMAP_MODE=off: none at all);",
-        "            warm: it is in the page cache (memory's speed)",
-        "  thr       concurrency: I/O threads (randread: reads in flight, the queue depth)",
-        "  impl      what moved the bytes (below); '1st' marks the first warm run, a cache's first hit, not a median",
-        "  GB/s      bytes moved / seconds, median of --reps repetitions (1 GB = 10^9 bytes)",
-        "  ratio     GB/s / the raw reference's GB/s of the same op, cache and thr: 1.000x is as fast as the storage",
-        "            limit measured in this run",
-        "  vs bus    warm reads: GB/s / the pinned host -> device copy of this run (h2d_pinned; on accelerators only)",
-        "  CPU s/GB  CPU seconds (user + system, all threads of the process) per GB moved: lower is cheaper",
-        "  IOPS      randread: reads per second",
-        "impl:",
-    ]
-    present = {r["impl"] for r in records} or set(IMPLS)
-    lines += [f"  {name:<13} {text}" for name, text in IMPLS.items() if name in present]
-    lines += [f"  {name}" for name in sorted(present - set(IMPLS))]
-    return "\n".join(lines)
-
-
-def _size_label(n: int) -> str:
-    return f"{n / 2**30:g} GiB" if n >= 2**30 else f"{n / 2**20:g} MiB"
-
-
-#: plot font sizes (points): readable at a glance in a slide or a README
-FONT = {"base": 12, "tick": 11, "note": 10, "legend": 10, "title": 13, "suptitle": 13}
-
-
-def plain_log_axis(ax, which: str = "x", values=None, base: int = 2) -> None:
-    """A log axis labelled in plain numbers (1, 2, 4, 16; 0.1, 1, 10), not 2^0: ticks at
-    ``values`` where given."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-
-    axis = ax.xaxis if which == "x" else ax.yaxis
-    (ax.set_xscale if which == "x" else ax.set_yscale)("log", base=base)
-    if values:
-        axis.set_ticks(sorted(set(values)))
-    axis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:g}"))
-    axis.set_minor_formatter(NullFormatter())
-
-
-def _label(r: dict) -> str:
-    return r["impl"] + (" 1st" if r.get("first") else "")
-
-
-def plot(records: list[dict], path: str) -> str:
-    """One panel per operation and cache state. A panel measured at one concurrency is a
-    bar per implementation (GB/s, or IOPS for random reads) annotated with its ratio to
-    the raw reference and its CPU s/GB; several concurrencies make a line per
-    implementation. Warm reads carry the pinned host-to-device copy as the bus line."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install 'phoenix-direct-storage[bench]'): no plot written"
-    h2d = [r for r in records if r["impl"] == "h2d_pinned"]
-    groups: dict = {}
-    for r in records:
-        if r["impl"] != "h2d_pinned":
-            groups.setdefault((r["op"], r.get("cache") or ("warm" if r.get("warm") else "cold")), []).append(r)
-    if not groups:
-        return "no records to plot"
-    with plt.rc_context(
-        {
-            "font.size": FONT["base"],
-            "axes.labelsize": FONT["base"],
-            "xtick.labelsize": FONT["tick"],
-            "ytick.labelsize": FONT["tick"],
-        }
-    ):
-        return _plot(plt, groups, h2d, records, path)
-
-
-def _plot(plt, groups, h2d, records, path) -> str:
-    order = {"read": 0, "write": 1, "randread": 2}
-    keys = sorted(groups, key=lambda k: (k[1] != "cold", order.get(k[0], 9), k[0]))
-    fig, axes = plt.subplots(1, len(keys), figsize=(max(7.0, 5.6 * len(keys)), 5.2), squeeze=False)
-    for ax, key in zip(axes[0], keys, strict=True):
-        op, cache = key
-        recs = groups[key]
-        iops = op == "randread"
-        unit = "IOPS" if iops else "GB/s"
-
-        def val(r, iops=iops):
-            return r.get("iops") or 0 if iops else r["gbps"]
-
-        ref = next((r for r in recs if r["impl"] in ("raw_odirect", "raw_buffered") and not r.get("first")), None)
-        bus = h2d[-1]["gbps"] if h2d and cache == "warm" and not iops else None  # the pinned copy of the run
-        threads = sorted({r["threads"] for r in recs})
-        if len(threads) == 1:
-            names = [_label(r) for r in recs]
-            vals = [val(r) for r in recs]
-            colors = [
-                "tab:green" if r["impl"].startswith("phoenix") else "tab:gray" if r is ref else "tab:blue" for r in recs
-            ]
-            bars = ax.barh(range(len(recs)), vals, color=colors)
-            ax.set_yticks(range(len(recs)), names, fontsize=FONT["tick"])
-            ax.invert_yaxis()
-            for b, r in zip(bars, recs, strict=True):
-                note = f" {val(r) / val(ref):.2f}x" if ref and val(ref) else ""
-                ax.text(
-                    b.get_width(),
-                    b.get_y() + b.get_height() / 2,
-                    f"{note}  {r['cpu_s_per_gb']:.2f} CPU s/GB",
-                    va="center",
-                    fontsize=FONT["note"],
-                )
-            ax.set_xlim(0, max(vals + [bus or 0]) * 1.45)
-            ax.set_xlabel(unit)
-            if bus:
-                ax.axvline(bus, color="gray", linestyle="--", label="pinned H2D (bus)")
-                ax.legend(fontsize=FONT["legend"], loc="lower right")
-            ax.set_title(f"{op} ({cache}), {'QD' if iops else 'threads'} {threads[0]}", fontsize=FONT["title"])
-        else:
-            series: dict = {}
-            for r in recs:
-                series.setdefault(_label(r), []).append((r["threads"], val(r)))
-            for name, pts in sorted(series.items()):
-                pts.sort()
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-            if bus:
-                ax.axhline(bus, color="gray", linestyle="--", label="pinned H2D (bus)")
-            plain_log_axis(ax, "x", threads)
-            ax.set_xlabel("threads (concurrency)")
-            ax.set_ylabel(unit)
-            ax.legend(fontsize=FONT["legend"])
-            ax.set_title(f"{op} ({cache})", fontsize=FONT["title"])
-        ax.grid(alpha=0.3)
-    r0 = records[0]
-    double = " (test double)" if r0.get("test_double") else ""
-    fig.suptitle(
-        f"phx bench, vendor {r0['vendor']}{double}, chunk {r0['chunk'] >> 20} MiB, "
-        f"{_size_label(r0['size'])}\nbars: ratio to the raw reference, CPU s/GB",
-        fontsize=FONT["suptitle"],
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return f"plot written to {path}"
 
 
 def add_parser(sub):
@@ -670,38 +581,69 @@ def add_parser(sub):
         help="write a PNG: a panel per operation and cache state, bars with "
         "the ratio to the raw reference and CPU s/GB (lines where several concurrencies ran)",
     )
+    p.add_argument(
+        "--fast-device",
+        type=positive_size,
+        metavar="SIZE",
+        help="run on a loop device over RAM (stand-in for a fast NVMe array): a SIZE file in /dev/shm, a loop device "
+        "over it with direct I/O on, ext4 on it (the raw device where mkfs.ext4 is missing), the bench file there; "
+        "all torn down at the end, on errors and on Ctrl-C. Needs root, a free loop device and SIZE free in /dev/shm; "
+        "SIZE a little above --size (ext4's metadata). --file is not used",
+    )
+    p.add_argument(
+        "--fast-device-fs",
+        choices=("ext4", "raw"),
+        help="ext4 (default where mkfs.ext4 exists) or raw: the loop device itself as the bench file",
+    )
+    p.add_argument(
+        "--raw-sweep",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the raw O_DIRECT reference of each cold op over a grid of threads x chunk sizes (random reads: in "
+        "flight) and divide the ratios by its best point (default: on with --fast-device)",
+    )
+    p.add_argument(
+        "--sweep-threads",
+        type=comma_list(item=positive_int),
+        default=list(SWEEP_THREADS),
+        metavar="N[,N...]",
+        help="the sweep's thread counts (default 1,4,8,16,32; phoenix's own --threads are always added)",
+    )
+    p.add_argument(
+        "--sweep-chunks",
+        type=comma_list(item=positive_size),
+        default=list(SWEEP_CHUNKS),
+        metavar="SIZE[,SIZE...]",
+        help="the sweep's chunk sizes (default 1M,4M,16M; phoenix's own --chunk is always added)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=main)
     return p
 
 
-def report(records: list[dict], args, stopped: BaseException | None = None) -> None:
-    """The table, its legend, the JSON and the plot; after a failure (``stopped``), of the
-    records measured before it."""
-    if stopped is not None:
-        if not records:
-            return
-        why = "an interrupt" if isinstance(stopped, KeyboardInterrupt) else "an error (the last line says which)"
-        print(f"stopped by {why} after {len(records)} measurements; what was measured before it:")
-    print(table(records))
-    print()
-    print(legend(records))
-    if records and records[0].get("test_double"):
-        print(
-            f"\nvendor {records[0]['vendor']} is a test double: 'device memory' is host memory; these are not accelerator figures."
-        )
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(records, fh, indent=1)
-        print(f"records written to {args.json}")
-    if args.plot and records:
-        print(plot(records, args.plot))
-
-
 def main(args) -> int:
     records: list[dict] = []
+    fast = getattr(args, "fast_device", None)
+    if getattr(args, "raw_sweep", None) is None:
+        args.raw_sweep = bool(fast)
     try:
-        run(args, records)
+        if fast:
+            from . import fastdev
+
+            fs = fastdev.pick_fs(getattr(args, "fast_device_fs", None))
+            fastdev.check(fast, args.size, fs)
+            with fastdev.FastDevice(fast, fs) as dev:
+                args.file = dev.file
+                args.fast_device_info = dev.info()
+                if not getattr(args, "quiet", False):
+                    print(
+                        f"phx bench: on a {fastdev.LABEL}: {dev.loop} over {dev.image}, "
+                        f"direct I/O {'on' if dev.dio else 'OFF'}, {dev.info()['fs_text']}; bench file {dev.file}",
+                        file=sys.stderr,
+                    )
+                run(args, records)
+        else:
+            run(args, records)
     except BaseException as exc:  # what was measured is kept, then the error is reported (phoenix.cli._run)
         report(records, args, stopped=exc)
         raise

@@ -307,6 +307,12 @@ static void park(struct io_worker *w, struct io_chunk *ch)
 {
     STAT_ADD(pool_waits, 1);
     w->nparked++;
+    if (!ch->req->prio && w->parked_head && w->parked_head->req->prio) {
+        /* a normal chunk goes before background ones (none normal is parked: admit) */
+        ch->next = w->parked_head;
+        w->parked_head = ch;
+        return;
+    }
     chunk_fifo_push(&w->parked_head, &w->parked_tail, ch);
 }
 
@@ -320,7 +326,13 @@ static void park(struct io_worker *w, struct io_chunk *ch)
  * slower where memory bandwidth bounds every staged reader. */
 uint64_t slot_cap(const struct io_worker *w, const struct io_chunk *ch)
 {
-    return ch->req->cached ? (uint64_t)w->ctx->nworkers * IO_CACHED_SLOTS * IO_CACHED_CHUNK : 0;
+    uint64_t cap = ch->req->cached ? (uint64_t)w->ctx->nworkers * IO_CACHED_SLOTS * IO_CACHED_CHUNK : 0;
+    if (ch->req->prio) { /* background: a quarter of the pool stays for normal chunks */
+        uint64_t bg = w->ctx->pool.limit - w->ctx->pool.limit / 4;
+        if (!cap || bg < cap)
+            cap = bg;
+    }
+    return cap;
 }
 
 /* Start a chunk the worker owns (owned already counts it). */

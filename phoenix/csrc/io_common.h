@@ -43,6 +43,7 @@
 #define IO_FLUSH_BYTES (4ull << 20)     /* staged-read copies queued before their callback is launched */
 #define IO_CACHED_CHUNK (4ull << 20)    /* staged chunks of a read from the page cache (at most) */
 #define IO_CACHED_SLOTS 4               /* ... and slots of them in use per worker (at most) */
+#define IO_BG_EVERY 8                   /* normal chunks taken per background one, at most */
 
 /* ---- counters (phx_io_get_stats, io_stats.c) ---- */
 #define IO_COUNTER_FIELD(name) _Atomic int64_t name;

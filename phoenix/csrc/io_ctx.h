@@ -25,13 +25,17 @@ struct phx_ctx {
     uint64_t chunk, stage_chunk;
     struct io_pool pool;
     pthread_mutex_t qmu;
-    struct io_chunk *q_head, *q_tail;
-    int64_t qlen;             /* (qmu) chunks queued */
+    /* (qmu) the queues, one per priority ([0] normal, [1] background): normal chunks
+     * are taken first, a background one after every IO_BG_EVERY normal ones taken while
+     * background chunks wait (q_streak counts them) */
+    struct io_chunk *q_head[2], *q_tail[2];
+    int64_t qlen;             /* (qmu) chunks queued (both) */
+    uint32_t q_streak, iq_streak;
     /* (qmu) chunks of stream ops' own requests: taken first, also by workers whose other
      * chunks are parked for bounce slots. Stream ops hold their slots from submission
      * on, and their callbacks block the caller's stream until these run: behind chunks
      * that wait for those very slots they would deadlock. They never need a slot. */
-    struct io_chunk *iq_head, *iq_tail;
+    struct io_chunk *iq_head[2], *iq_tail[2]; /* ... by priority too */
     int nworkers;
     struct io_worker *workers;
     struct io_worker **idle;  /* (qmu) stack of idle workers */
@@ -48,8 +52,9 @@ struct phx_ctx {
 int ctx_get(phx_ctx *ctx);
 void ctx_put(phx_ctx *ctx);
 /* io_worker.c: queue a list of n chunks (linked by ->next) and wake idle workers for
- * them; `internal`: a stream op's own chunks (ctx->iq_head). */
-void queue_push(phx_ctx *ctx, struct io_chunk *head, struct io_chunk *tail, int n, int internal);
+ * them; `internal`: a stream op's own chunks (ctx->iq_head); `prio`: enum phx_priority
+ * (1: the background queue). */
+void queue_push(phx_ctx *ctx, struct io_chunk *head, struct io_chunk *tail, int n, int internal, int prio);
 /* io_worker.c: start the context's workers for `engine` (0, or -errno with every
  * started worker stopped again and engine_why saying why), and stop the first n. */
 int workers_start(phx_ctx *ctx, int engine);

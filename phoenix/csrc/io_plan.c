@@ -84,6 +84,8 @@ static int req_check(const phx_ctx *ctx, const struct phx_io_desc *d, int intern
         return EBADF;
     if (d->op != PHX_OP_READ && d->op != PHX_OP_WRITE)
         return EINVAL;
+    if (d->priority != PHX_PRIO_NORMAL && d->priority != PHX_PRIO_BACKGROUND)
+        return EINVAL;
     if (d->mem < PHX_MEM_HOST || d->mem > PHX_MEM_DEVICE_MAPPED || d->mode < PHX_MODE_AUTO ||
         d->mode > PHX_MODE_DIRECT)
         return EINVAL;
@@ -161,6 +163,7 @@ static phx_req *req_alloc(phx_ctx *ctx, const struct phx_io_desc *d, const struc
     r->on_done_arg = arg;
     r->cached = L->fp.resident && !L->fhit;
     r->internal = internal;
+    r->prio = d->priority == PHX_PRIO_BACKGROUND;
     atomic_init(&r->refs, want_handle ? 2 : 1);
     atomic_init(&r->eof_at, INT64_MAX);
     return r;

@@ -62,6 +62,7 @@ struct phx_req {
     int fmap_write;         /* a write counted by fmap_write_begin */
     int cached;             /* a staged read of page-cache data (fmap probe): slots capped */
     int internal;           /* a stream op's own request: never waits for the bounce pool */
+    int prio;               /* enum phx_priority: which queue its chunks go to */
     char *addr;
     int64_t foff;
     uint64_t size;

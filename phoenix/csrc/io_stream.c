@@ -116,6 +116,7 @@ static void sop_chunk_start(phx_sop *s, int i)
         .mem = PHX_MEM_HOST,
         .device = 0,
         .mode = PHX_MODE_AUTO,
+        .priority = s->desc.priority,
     };
     c->started = 1;
     if (io_submit_one(s->ctx, &d, 1, sop_chunk_done, c, NULL) < 0) {

@@ -66,8 +66,8 @@ int phx_submit(phx_ctx *ctx, const struct phx_io_desc *descs, uint32_t n, phx_re
 {
     if (!ctx || (n && (!descs || !out)))
         return -EINVAL;
-    struct io_chunk *head = NULL, *tail = NULL;
-    int nq = 0;
+    struct io_chunk *head[2] = {NULL, NULL}, *tail[2] = {NULL, NULL}; /* by priority */
+    int nq[2] = {0, 0};
     for (uint32_t i = 0; i < n; i++) {
         int queued;
         phx_req *r = req_build(ctx, &descs[i], 0, NULL, NULL, 1, &queued);
@@ -75,7 +75,8 @@ int phx_submit(phx_ctx *ctx, const struct phx_io_desc *descs, uint32_t n, phx_re
             /* out of memory: queue what was built, refuse the rest */
             for (uint32_t j = i; j < n; j++)
                 out[j] = NULL;
-            queue_push(ctx, head, tail, nq, 0);
+            queue_push(ctx, head[0], tail[0], nq[0], 0, 0);
+            queue_push(ctx, head[1], tail[1], nq[1], 0, 1);
             return i ? 0 : -ENOMEM;
         }
         out[i] = r;
@@ -93,18 +94,20 @@ int phx_submit(phx_ctx *ctx, const struct phx_io_desc *descs, uint32_t n, phx_re
             continue;
         }
         uint32_t nqueue = r->path == CH_FMAP ? 1 : r->nchunks;
+        int p = r->prio;
         for (uint32_t c = 0; c < nqueue; c++) {
             struct io_chunk *ch = &r->chunks[c];
             ch->next = NULL;
-            if (tail)
-                tail->next = ch;
+            if (tail[p])
+                tail[p]->next = ch;
             else
-                head = ch;
-            tail = ch;
+                head[p] = ch;
+            tail[p] = ch;
         }
-        nq += (int)nqueue;
+        nq[p] += (int)nqueue;
     }
-    queue_push(ctx, head, tail, nq, 0);
+    queue_push(ctx, head[0], tail[0], nq[0], 0, 0);
+    queue_push(ctx, head[1], tail[1], nq[1], 0, 1);
     return 0;
 }
 
@@ -130,7 +133,7 @@ int io_submit_one(phx_ctx *ctx, const struct phx_io_desc *d, int internal, io_do
         r->chunks[c].next = c + 1 < nqueue ? &r->chunks[c + 1] : NULL;
         tail = &r->chunks[c];
     }
-    queue_push(ctx, head, tail, (int)nqueue, internal);
+    queue_push(ctx, head, tail, (int)nqueue, internal, r->prio);
     return 0;
 }
 

@@ -10,6 +10,13 @@
  *   threads engine   each worker runs pread/pwrite itself, one chunk at a time (plus
  *                    one staged write whose device copy is running).
  *
+ * Priorities: each queue is a pair, normal and background (enum phx_priority). Workers
+ * take normal chunks first; while background chunks wait, one of them is taken after
+ * every IO_BG_EVERY normal ones (never starved). A worker whose parked chunks (waiting
+ * for bounce slots) are background still takes normal chunks: background chunks leave
+ * a quarter of the pool to them (slot_cap), so a load never waits behind a queue of
+ * offloads, only behind the chunks already in flight.
+ *
  * What a worker does with a chunk is io_chunk.c (file I/O) and io_copy.c (device
  * copies); here: taking chunks, sleeping, waking, starting and stopping.
  */
@@ -46,12 +53,14 @@ static void idle_remove_locked(phx_ctx *ctx, struct io_worker *w)
     w->idle = 0;
 }
 
-void queue_push(phx_ctx *ctx, struct io_chunk *head, struct io_chunk *tail, int n, int internal)
+void queue_push(phx_ctx *ctx, struct io_chunk *head, struct io_chunk *tail, int n, int internal, int prio)
 {
     if (!head)
         return;
     pthread_mutex_lock(&ctx->qmu);
-    struct io_chunk **qh = internal ? &ctx->iq_head : &ctx->q_head, **qt = internal ? &ctx->iq_tail : &ctx->q_tail;
+    int p = prio ? 1 : 0;
+    struct io_chunk **qh = internal ? &ctx->iq_head[p] : &ctx->q_head[p];
+    struct io_chunk **qt = internal ? &ctx->iq_tail[p] : &ctx->q_tail[p];
     if (*qt)
         (*qt)->next = head;
     else
@@ -72,6 +81,36 @@ void queue_push(phx_ctx *ctx, struct io_chunk *head, struct io_chunk *tail, int 
     pthread_mutex_unlock(&ctx->qmu);
 }
 
+/* Which queue of a pair the next chunk comes from (qmu): normal, unless background
+ * chunks wait and IO_BG_EVERY normal ones were taken since the last of them; -1: both
+ * empty. `normal_only`: a worker whose parked chunks are background. */
+static int next_queue(struct io_chunk *const heads[2], uint32_t streak, int normal_only)
+{
+    if (heads[0] && (normal_only || !heads[1] || streak < IO_BG_EVERY))
+        return 0;
+    return heads[1] && !normal_only ? 1 : -1;
+}
+
+/* Take the head of queue p of a pair (qmu), counting the streak of normal chunks. */
+static struct io_chunk *pop_queue(struct io_chunk *heads[2], struct io_chunk *tails[2], uint32_t *streak, int p)
+{
+    struct io_chunk *ch = heads[p];
+    if (p)
+        *streak = 0;
+    else if (heads[1])
+        (*streak)++;
+    heads[p] = ch->next;
+    if (!heads[p])
+        tails[p] = NULL;
+    ch->next = NULL;
+    return ch;
+}
+
+static int internal_queued(const phx_ctx *ctx)
+{
+    return __atomic_load_n(&ctx->iq_head[0], __ATOMIC_RELAXED) || __atomic_load_n(&ctx->iq_head[1], __ATOMIC_RELAXED);
+}
+
 /* A worker may start another internal chunk: fewer than its capacity are in their I/O
  * (parked chunks hold no ring entry and no slot). */
 static int internal_room(const struct io_worker *w)
@@ -83,23 +122,22 @@ static int internal_room(const struct io_worker *w)
 static struct io_chunk *internal_take(struct io_worker *w)
 {
     phx_ctx *ctx = w->ctx;
-    if (!__atomic_load_n(&ctx->iq_head, __ATOMIC_RELAXED))
+    if (!internal_queued(ctx))
         return NULL;
     pthread_mutex_lock(&ctx->qmu);
-    struct io_chunk *ch = ctx->iq_head;
-    if (ch) {
-        ctx->iq_head = ch->next;
-        if (!ctx->iq_head)
-            ctx->iq_tail = NULL;
-        ch->next = NULL;
+    struct io_chunk *ch = NULL;
+    int p = next_queue(ctx->iq_head, ctx->iq_streak, 0);
+    if (p >= 0) {
+        ch = pop_queue(ctx->iq_head, ctx->iq_tail, &ctx->iq_streak, p);
         idle_remove_locked(ctx, w);
     }
     pthread_mutex_unlock(&ctx->qmu);
     return ch;
 }
 
-/* Take up to n chunks; the worker is no longer idle if it takes any. */
-static struct io_chunk *queue_take(struct io_worker *w, int n)
+/* Take up to n chunks (normal ones first; only normal ones if `normal_only`); the worker
+ * is no longer idle if it takes any. */
+static struct io_chunk *queue_take(struct io_worker *w, int n, int normal_only)
 {
     phx_ctx *ctx = w->ctx;
     if (n <= 0)
@@ -110,25 +148,24 @@ static struct io_chunk *queue_take(struct io_worker *w, int n)
     int64_t share = (ctx->qlen + ctx->nworkers - 1) / ctx->nworkers;
     if (share < n)
         n = share < 1 ? 1 : (int)share;
-    struct io_chunk *head = ctx->q_head, *last = NULL, *c = head;
-    int taken = 0;
+    struct io_chunk *head = NULL, *last = NULL;
+    int taken = 0, p;
     uint64_t bytes = w->owned_bytes;
-    for (; taken < n && c; taken++) {
+    for (; taken < n && (p = next_queue(ctx->q_head, ctx->q_streak, normal_only)) >= 0; taken++) {
+        struct io_chunk *c = ctx->q_head[p];
         if (bytes && bytes + c->len > w->bytes_cap)
             break; /* enough bytes in flight: leave the rest to the other workers */
         bytes += c->len;
+        c = pop_queue(ctx->q_head, ctx->q_tail, &ctx->q_streak, p);
+        if (last)
+            last->next = c;
+        else
+            head = c;
         last = c;
-        c = c->next;
     }
-    if (last) {
+    if (taken) {
         ctx->qlen -= taken;
-        ctx->q_head = c;
-        if (!c)
-            ctx->q_tail = NULL;
-        last->next = NULL;
         idle_remove_locked(ctx, w);
-    } else {
-        head = NULL;
     }
     pthread_mutex_unlock(&ctx->qmu);
     return head;
@@ -139,9 +176,13 @@ static struct io_chunk *queue_take(struct io_worker *w, int n)
 static int idle_register(struct io_worker *w)
 {
     phx_ctx *ctx = w->ctx;
-    int can_take = w->owned < w->cap && w->owned_bytes < w->bytes_cap && !w->parked_head;
+    /* parked chunks: only normal ones may still be taken, and only past background ones */
+    int normal_only = w->parked_head != NULL;
+    int can_take = w->owned < w->cap && w->owned_bytes < w->bytes_cap && (!normal_only || w->parked_head->req->prio);
     pthread_mutex_lock(&ctx->qmu);
-    if ((can_take && ctx->q_head) || (ctx->iq_head && internal_room(w))) {
+    int queued = ctx->q_head[0] || (!normal_only && ctx->q_head[1]);
+    int iqueued = ctx->iq_head[0] || ctx->iq_head[1];
+    if ((can_take && queued) || (iqueued && internal_room(w))) {
         pthread_mutex_unlock(&ctx->qmu);
         return 0;
     }
@@ -206,11 +247,15 @@ static int admit(struct io_worker *w, int n)
         chunk_start(w, ch);
         k++;
     }
-    if (w->parked_head || atomic_load(&w->ctx->stop))
+    if (atomic_load(&w->ctx->stop))
+        return k;
+    /* parked chunks: no more chunks, but normal ones past background ones */
+    int normal_only = w->parked_head != NULL;
+    if (normal_only && !w->parked_head->req->prio)
         return k;
     if (n > w->cap - w->owned)
         n = w->cap - w->owned;
-    ch = queue_take(w, n);
+    ch = queue_take(w, n, normal_only);
     while (ch) {
         struct io_chunk *next = ch->next;
         w->owned++;
@@ -280,7 +325,7 @@ static void worker_loop_ring(struct io_worker *w)
     for (;;) {
         int progress = drain_inbox(w);
         progress += retry_parked(w);
-        if (w->owned_bytes < w->bytes_cap || ctx->iq_head)
+        if (w->owned_bytes < w->bytes_cap || internal_queued(ctx))
             progress += admit(w, w->cap - w->owned);
         if (w->copy_head) {
             /* the new reads go to the kernel first, then the last round's device copies */
@@ -311,7 +356,7 @@ static void worker_loop_threads(struct io_worker *w)
         progress += retry_parked(w);
         progress += run_sync(w);
         /* one chunk at a time, so that idle workers take the next ones */
-        if ((w->owned < w->cap || ctx->iq_head) && admit(w, 1)) {
+        if ((w->owned < w->cap || internal_queued(ctx)) && admit(w, 1)) {
             run_sync(w);
             progress++;
         }

@@ -150,6 +150,11 @@ int phx_file_query(phx_file *f, struct phx_file_info *out);
 /* ---- requests --------------------------------------------------------------------- */
 
 enum phx_op { PHX_OP_READ = 0, PHX_OP_WRITE = 1 };
+/* A request's priority: workers take normal chunks before background ones (a background
+ * chunk still goes after every few normal ones: never starved), and background chunks
+ * leave a quarter of the bounce pool to normal ones. Loads are normal; offloads that
+ * nobody waits for (a KV engine's writes of new KV) are background. */
+enum phx_priority { PHX_PRIO_NORMAL = 0, PHX_PRIO_BACKGROUND = 1 };
 enum phx_mem {
     PHX_MEM_HOST = 0,          /* host memory: plain, pinned or registered */
     PHX_MEM_DEVICE = 1,        /* device memory only the vendor's copies reach */
@@ -169,6 +174,8 @@ struct phx_io_desc {
     int32_t mode;         /* enum phx_mode */
     phx_fence *after;     /* NULL, or: touch the memory only after this point of the
                            * caller's stream (phx_fence_record) */
+    int32_t priority;     /* enum phx_priority (0: normal) */
+    int32_t reserved;     /* 0 */
 };
 
 typedef struct phx_req phx_req;
