@@ -14,6 +14,7 @@ raise in the main thread while it is active; the teardown runs with them blocked
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -242,3 +243,39 @@ def _read(path: str) -> str | None:
             return fh.read().strip()
     except OSError:
         return None
+
+
+def add_argument(p, files: str) -> None:
+    """The ``--fast-device SIZE`` option of a bench subcommand that puts ``files`` there."""
+    from ..cli._run import positive_size
+
+    p.add_argument(
+        "--fast-device",
+        type=positive_size,
+        metavar="SIZE",
+        help=f"put {files} on a {LABEL}: a SIZE file in {SHM}, a loop device over it with direct I/O on, "
+        "ext4 on it; all of it torn down at the end (root; needs SIZE of free RAM in /dev/shm)",
+    )
+
+
+@contextlib.contextmanager
+def directory(args, need: int, quiet: bool = False):
+    """With ``args.fast_device``: a :class:`FastDevice` (ext4) of that size, checked to hold
+    ``need`` bytes of files, yielding its mounted directory and setting ``args.fast_device_info``
+    (records carry it); without: yields None. Torn down on exit, error or signal."""
+    size = getattr(args, "fast_device", None)
+    if not size:
+        yield None
+        return
+    if pick_fs("ext4") != "ext4" or shutil.which("mkfs.ext4") is None:
+        raise FileNotFoundError(errno.ENOENT, "--fast-device here needs mkfs.ext4 (e2fsprogs) on PATH")
+    check(size, need, "ext4")
+    with FastDevice(size, "ext4") as dev:
+        args.fast_device_info = dev.info()
+        if not quiet:
+            print(
+                f"on a {LABEL}: {dev.loop} over {dev.image}, direct I/O {'on' if dev.dio else 'OFF'}, "
+                f"{dev.info()['fs_text']}, mounted at {dev.mnt}",
+                file=sys.stderr,
+            )
+        yield dev.mnt
