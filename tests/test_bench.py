@@ -139,7 +139,8 @@ def test_progress_total_matches_the_plan():
         (False, True),
         ("host", "nvidia"),
     ):
-        args = argparse.Namespace(ops=ops, temperature=temps, threads=threads, reps=reps)
+        bss = [64 << 10] if reps == 1 else [4 << 10, 1 << 20]
+        args = argparse.Namespace(ops=ops, temperature=temps, threads=threads, reps=reps, random_bs=bss)
         plan = sequential_plan(args)
         want = 0
         for temp, op, _ in plan:
@@ -147,7 +148,7 @@ def test_progress_total_matches_the_plan():
                 ["kvikio"] if kvikio else []
             )
             want += sum(1 for i in impls if temp == "warm" or i == "kvikio") + len(impls) * reps
-        want += (1 + 3 * reps) if "randread" in ops else 0
+        want += len(bss) * (1 + 3 * reps) if "randread" in ops else 0
         want += vendor != "host"
         assert planned_steps(args, plan, kvikio, vendor) == want
 

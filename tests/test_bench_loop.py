@@ -117,7 +117,8 @@ def test_sweep_grid_holds_phoenix_point_and_is_off_without_the_option():
     with_sweep = planned_steps(args, plan, False, "host")
     args.raw_sweep = False
     assert sweep_grid(args, "read") == [] and sweep_grid(args, "randread") == []
-    assert with_sweep - planned_steps(args, plan, False, "host") == 3 + 3 + 6
+    # the sweep points (read 3, write 3, randread 6), and raw's best re-measured in each op's one repetition
+    assert with_sweep - planned_steps(args, plan, False, "host") == 3 + 3 + 6 + 3
     args.raw_sweep, args.temperature = True, ["warm"]
     assert sweep_grid(args, "read") == []  # warm figures have the buffered reference, no sweep
 
@@ -178,7 +179,13 @@ def test_fast_device_run_is_labelled_and_leaves_nothing(tmp_path):
         best = [r for r in recs if r["impl"] == "raw_best" and r["op"] == op]
         sweep = [r for r in recs if r["impl"] == "raw_sweep" and r["op"] == op]
         assert len(best) == 1 and len(sweep) == 4
-        assert best[0]["gbps"] == max(r["gbps"] for r in sweep) and best[0]["config"]
+        assert best[0]["sweep_gbps"] == max(r["gbps"] for r in sweep) and best[0]["config"]
+        assert best[0]["reps"] == 1 and len(best[0]["runs_s"]) == 1  # re-measured in the repetitions
+        psweep = [r for r in recs if r["impl"] == "phoenix_sweep" and r["op"] == op]
+        (phx,) = [r for r in recs if r["impl"] == "phoenix" and r["op"] == op]
+        assert len(psweep) == 4 and phx["best_of_sweep"]
+        top = max(psweep, key=lambda r: r["gbps"])
+        assert (phx["threads"], phx["chunk"]) == (top["threads"], top["chunk"])
         assert "4" in best[0]["at_concurrency"]  # phoenix's 4 threads x 4 MiB is in the grid
         assert any(r["impl"] == "phoenix" and r["op"] == op for r in recs)
     assert (tmp_path / "fd.png").stat().st_size > 0

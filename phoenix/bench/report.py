@@ -11,6 +11,15 @@ import json
 GB = 1e9
 
 
+#: per-point records of the sweeps: in the JSON only
+SWEPT = ("raw_sweep", "phoenix_sweep")
+
+
+def _bs(r: dict) -> int:
+    """Random reads are grouped by block size too (``--random-bs 4K,64K,1M``)."""
+    return r["chunk"] if r["op"] == "randread" else 0
+
+
 def table(records: list[dict]) -> str:
     """Rows grouped by (op, cache, threads), each ratio against the best point of the raw
     O_DIRECT sweep of that op and cache where one ran (its row first, configuration named),
@@ -19,13 +28,15 @@ def table(records: list[dict]) -> str:
         f"{'op':<9} {'cache':<5} {'thr':>4} {'impl':<13} {'GB/s':>8} {'ratio':>7} {'vs bus':>7} {'CPU s/GB':>9} {'IOPS':>9}"
     ]
     bus = next((r["gbps"] for r in records if r["impl"] == "h2d_pinned"), None)
-    bests = {(r["op"], r.get("cache", "cold")): r for r in records if r["impl"] == "raw_best"}
+    bests = {(r["op"], r.get("cache", "cold"), _bs(r)): r for r in records if r["impl"] == "raw_best"}
     groups: dict = {}
     for r in records:
-        if r["impl"] not in ("raw_sweep", "raw_best"):
-            groups.setdefault((r["op"], r.get("cache", "warm" if r["warm"] else "cold"), r["threads"]), []).append(r)
-    for (op, cache, thr), rows in groups.items():
-        best = bests.get((op, cache))
+        if r["impl"] not in SWEPT + ("raw_best",):
+            groups.setdefault(
+                (r["op"], r.get("cache", "warm" if r["warm"] else "cold"), r["threads"], _bs(r)), []
+            ).append(r)
+    for (op, cache, thr, bs), rows in groups.items():
+        best = bests.get((op, cache, bs))
         ref = best or next((x for x in rows if x["impl"].startswith("raw") and not x.get("first")), None)
         for r in ([best] if best else []) + rows:
             ratio = f"{r['gbps'] / ref['gbps']:.3f}x" if ref and ref["gbps"] else "-"
@@ -33,6 +44,8 @@ def table(records: list[dict]) -> str:
             iops = f"{r['iops']:.0f}" if "iops" in r else ""
             name = r["impl"] + (" 1st" if r.get("first") else "")
             notes = [f"best of {r['best_of']}: {r['config']}"] if r is best else []
+            notes += [f"its best of the sweep: {r['config']}"] if r.get("best_of_sweep") else []
+            notes += [f"{bs >> 10} KiB reads"] if bs and r is rows[0] else []
             notes += [r["storage"]] if r.get("storage") else []
             note = f"  [{'; '.join(notes)}]" if notes else ""
             lines.append(
@@ -43,8 +56,9 @@ def table(records: list[dict]) -> str:
 
 IMPLS = {
     "raw_odirect": "O_DIRECT pread/pwrite of the file into host memory, in C: the storage limit (the reference)",
-    "raw_best": "the best point of the raw O_DIRECT sweep (threads x chunk; random reads: in flight), "
-    "configuration named, one run per point: where present, the reference every ratio of its op divides by",
+    "raw_best": "raw O_DIRECT at the best point of its sweep (threads x chunk; random reads: in flight; one run "
+    "per point), configuration named, re-measured in the repetitions: where present, the reference every ratio of "
+    "its op divides by",
     "raw_buffered": "buffered pread of the file into host memory (page cache), in C: the reference of warm reads",
     "naive": "pread into pinned host memory, then a synchronous copy to the device, in C: the loop phoenix replaces",
     "phoenix": "this library, file <-> device memory",
@@ -77,7 +91,12 @@ def legend(records: list[dict]) -> str:
     ]
     present = {r["impl"] for r in records} or set(IMPLS)
     lines += [f"  {name:<13} {text}" for name, text in IMPLS.items() if name in present]
-    lines += [f"  {name}" for name in sorted(present - set(IMPLS) - {"raw_sweep"})]
+    lines += [f"  {name}" for name in sorted(present - set(IMPLS) - set(SWEPT))]
+    if any(r.get("best_of_sweep") for r in records):
+        lines += [
+            "sweeps: phoenix was swept over the same grid as raw and runs at its best point (named); the impls beside",
+            "  it (raw_odirect, naive, kvikio) run at that point too; every sweep point is in the JSON",
+        ]
     storage = next((r["fast_device"] for r in records if r.get("fast_device")), None)
     if storage:
         lines += [
@@ -129,8 +148,9 @@ def plot(records: list[dict], path: str) -> str:
     h2d = [r for r in records if r["impl"] == "h2d_pinned"]
     groups: dict = {}
     for r in records:
-        if r["impl"] not in ("h2d_pinned", "raw_sweep"):
-            groups.setdefault((r["op"], r.get("cache") or ("warm" if r.get("warm") else "cold")), []).append(r)
+        if r["impl"] not in ("h2d_pinned",) + SWEPT:
+            op = r["op"] if r["op"] != "randread" else f"randread {_bs(r) >> 10} KiB"
+            groups.setdefault((op, r.get("cache") or ("warm" if r.get("warm") else "cold")), []).append(r)
     if not groups:
         return "no records to plot"
     with plt.rc_context(
@@ -145,13 +165,13 @@ def plot(records: list[dict], path: str) -> str:
 
 
 def _plot(plt, groups, h2d, records, path) -> str:
-    order = {"read": 0, "write": 1, "randread": 2}
+    order = {"read": 0, "write": 1}
     keys = sorted(groups, key=lambda k: (k[1] != "cold", order.get(k[0], 9), k[0]))
     fig, axes = plt.subplots(1, len(keys), figsize=(max(7.0, 5.6 * len(keys)), 5.2), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
         op, cache = key
         recs = groups[key]
-        iops = op == "randread"
+        iops = op.startswith("randread")
         unit = "IOPS" if iops else "GB/s"
 
         def val(r, iops=iops):
@@ -204,7 +224,7 @@ def _plot(plt, groups, h2d, records, path) -> str:
             ax.legend(fontsize=FONT["legend"])
             ax.set_title(f"{op} ({cache})", fontsize=FONT["title"])
         ax.grid(alpha=0.3)
-    r0 = next((r for r in records if r["impl"] not in ("raw_sweep", "raw_best")), records[0])
+    r0 = next((r for r in records if r["impl"] not in SWEPT + ("raw_best",)), records[0])
     double = " (test double)" if r0.get("test_double") else ""
     storage = next((r["storage"] for r in records if r.get("storage")), None)
     where = f"\n{storage}" if storage else ""

@@ -38,6 +38,7 @@ from phoenix.vendor import CopyKind
 from .files import check_bench_file, drop_cache, prepare_file, warm_cache
 from .raw import naive_transfer, raw_transfer
 from .report import FONT, IMPLS, legend, plain_log_axis, plot, report, table  # noqa: F401 (re-exported)
+from .sweep import SWEEP_CHUNKS, SWEEP_QD, SWEEP_THREADS, config_text, phoenix_grid, select_sweep, sweep, sweep_grid  # noqa: F401
 
 GB = 1e9
 OPS = ("read", "write", "randread")
@@ -108,6 +109,13 @@ class Bench:
         wait = getattr(self.phoenix.io, "fmap_wait", None)
         if wait is not None:
             wait()
+
+    def prepare_phoenix(self, threads: int, chunk: int) -> None:
+        """Phoenix's worker pool (threads, rings, streams) for these settings, made and its
+        whole bounce pool pinned before timing, as an application does at start; kept
+        until the settings change."""
+        with self.phoenix.settings.override(threads=threads, chunk_size=chunk):
+            self.pio.prepare()
 
     def close(self):
         if self.dev:
@@ -283,110 +291,46 @@ def have_kvikio(vendor: str) -> tuple[bool, str]:
 
 def sequential_plan(args) -> list[tuple[str, str, int]]:
     """The (cache, op, threads) points of the sequential bench, in the order they run (no
-    warm writes: a write goes to the page cache either way)."""
+    warm writes: a write goes to the page cache either way). With ``--phoenix-sweep`` a
+    cold op is one point: phoenix at its best configuration of the sweep."""
     temps = [t for t in TEMPERATURES if t in args.temperature]
-    return [
-        (temp, op, t)
-        for temp in temps
-        for op in ("read", "write")
-        if op in args.ops and not (op == "write" and temp == "warm")
-        for t in args.threads
-    ]
-
-
-SWEEP_THREADS = (1, 4, 8, 16, 32)
-SWEEP_CHUNKS = (1 << 20, 4 << 20, 16 << 20)
-SWEEP_QD = (8, 16, 32, 64, 128)
-
-
-def sweep_grid(args, op: str) -> list[tuple[int, int]]:
-    """The (threads, chunk) points of the raw O_DIRECT sweep of ``op`` (cold only):
-    ``--sweep-threads`` x ``--sweep-chunks`` plus phoenix's own (each --threads at
-    --chunk); random reads: in-flight counts ``SWEEP_QD`` plus --qd at --random-bs. Empty
-    without ``--raw-sweep``."""
-    if not getattr(args, "raw_sweep", False) or "cold" not in args.temperature or op not in args.ops:
-        return []
-    if op == "randread":
-        return [(q, args.random_bs) for q in sorted(set(SWEEP_QD) | {args.qd})]
-    threads = getattr(args, "sweep_threads", None) or SWEEP_THREADS
-    chunks = getattr(args, "sweep_chunks", None) or SWEEP_CHUNKS
-    pts = {(t, c) for t in threads for c in chunks} | {(t, args.chunk) for t in args.threads}
-    return sorted(pts)
-
-
-def select_sweep(points: list[dict], threads: int, chunk: int) -> tuple[dict | None, dict | None]:
-    """(the best point by GB/s, the point at phoenix's ``threads`` and ``chunk``) of a
-    sweep's records; the first of equals is the best; None where absent."""
-    best = None
-    for p in points:
-        if best is None or p["gbps"] > best["gbps"]:
-            best = p
-    at = next((p for p in points if p["threads"] == threads and p["chunk"] == chunk), None)
-    return best, at
-
-
-def config_text(threads: int, chunk: int, random: bool = False) -> str:
-    c = f"{chunk >> 20} MiB" if chunk >= 1 << 20 else f"{chunk >> 10} KiB"
-    return f"{threads} in flight x {c}" if random else f"{threads} thread{'s' if threads != 1 else ''} x {c}"
+    plan = []
+    for temp in temps:
+        for op in ("read", "write"):
+            if op not in args.ops or (op == "write" and temp == "warm"):
+                continue
+            one = temp == "cold" and phoenix_grid(args, op)
+            plan += [(temp, op, t) for t in (args.threads[:1] if one else args.threads)]
+    return plan
 
 
 def planned_steps(args, plan, kvikio: bool, vendor: str) -> int:
     """How many progress steps :func:`run` takes: per point, a warm-up run of each
     implementation where one is taken (warm reads: all; cold: KvikIO's) and ``reps``
-    interleaved runs of each; random reads: a warm-up and ``reps`` runs of three
-    implementations; the pinned copy on a real accelerator."""
+    interleaved runs of each (cold ops after a sweep: raw's best too); random reads: a
+    warm-up and ``reps`` runs of three implementations (four after a sweep) per block size;
+    the sweeps' points; the pinned copy on a real accelerator."""
     steps = 0
     for temp, op, _ in plan:
-        n = (3 if op == "read" else 2) + kvikio  # raw (+ naive for reads) + phoenix (+ kvikio)
+        n = (3 if op == "read" else 2) + kvikio + bool(temp == "cold" and sweep_grid(args, op))
         steps += (n if temp == "warm" else int(kvikio)) + n * args.reps
     if "randread" in args.ops:
-        steps += 1 + 3 * args.reps
-    steps += sum(len(sweep_grid(args, op)) for op in OPS)
+        for bs in random_sizes(args):
+            a = _with_bs(args, bs)
+            steps += 1 + (3 + bool(sweep_grid(a, "randread"))) * args.reps + len(sweep_grid(a, "randread"))
+    steps += sum(len(set(sweep_grid(args, op)) | set(phoenix_grid(args, op))) for op in ("read", "write"))
     return steps + (vendor != "host")
 
 
-def raw_sweep(b, op: str, progress) -> None:
-    """The raw O_DIRECT reference over :func:`sweep_grid` (one run per point, the file
-    dropped from the page cache first): a ``raw_sweep`` record per point, then ``raw_best``
-    (the best point, its configuration named, with the point at phoenix's concurrency
-    beside it) that the table's ratios of ``op`` divide by."""
-    args = b.args
-    size = args.size
-    rand = op == "randread"
-    nops = max(args.qd * 16, min(args.random_ops, size // args.random_bs * 4)) if rand else 0
-    b.prepare_rep = lambda: drop_cache(args.file)
-    pts = []
-    for t, c in sweep_grid(args, op):
-        progress.step(f"raw O_DIRECT sweep {op} {config_text(t, c, rand)}")
-        nbytes, secs, cpu, _ = b.timed(lambda t=t, c=c: b._raw(op == "write", rand, size, c, t, nops), 1)
-        extra = {"iops": nops / secs} if rand else {}
-        pts.append(
-            b.record(
-                op,
-                "raw_sweep",
-                False,
-                nbytes,
-                secs,
-                cpu,
-                t,
-                c,
-                cache="cold",
-                reps=1,
-                config=config_text(t, c, rand),
-                **extra,
-            )
-        )
-    best, _ = select_sweep(pts, 0, 0)
-    if best is None:
-        return
-    at = {}
-    for t in [args.qd] if rand else args.threads:
-        _, p = select_sweep(pts, t, args.random_bs if rand else args.chunk)
-        if p is not None:
-            at[str(t)] = {"config": p["config"], "gbps": p["gbps"], **({"iops": p["iops"]} if rand else {})}
-    rec = {k: v for k, v in best.items() if k not in ("impl", "meta")}
-    rec.update(impl="raw_best", best_of=len(pts), at_concurrency=at)
-    b.records.append(rec)
+def random_sizes(args) -> list[int]:
+    bs = args.random_bs
+    return list(bs) if isinstance(bs, (list, tuple)) else [bs]
+
+
+def _with_bs(args, bs: int):
+    a = argparse.Namespace(**vars(args))
+    a.random_bs = bs
+    return a
 
 
 def _writable(path: str, exc: OSError) -> OSError:
@@ -398,6 +342,80 @@ def _writable(path: str, exc: OSError) -> OSError:
             "need a writable file; pass --ops read (or read,randread), or a --file you may write",
         )
     return exc
+
+
+def _best_record(b, best: dict, nbytes, secs, cpu, runs_s, **extra) -> dict:
+    """raw's best point of the sweep, re-measured: the reference its op's ratios divide by
+    (``sweep_gbps``: the single sweep run that picked it)."""
+    rec = b.record(
+        best["op"],
+        "raw_best",
+        False,
+        nbytes,
+        secs,
+        cpu,
+        best["threads"],
+        best["chunk"],
+        cache="cold",
+        reps=len(runs_s),
+        runs_s=runs_s,
+        config=best["config"],
+        best_of=best["best_of"],
+        sweep_gbps=best["sweep_gbps"],
+        at_concurrency=best["at_concurrency"],
+        **extra,
+    )
+    return rec
+
+
+def _random(b, args, progress) -> None:
+    """Random reads of ``args.random_bs`` at ``args.qd`` in flight: raw, phoenix (read_many
+    and batch), and raw at its best in-flight count where a sweep ran."""
+    size = args.size
+    saved, b.args = b.args, args
+    try:
+        raw_best, _ = sweep(b, "randread", progress)
+        bs, qd = args.random_bs, args.qd
+        nops = max(qd * 16, min(args.random_ops, size // bs * 4))
+        b.prepare_rep = lambda: drop_cache(args.file)
+        workers = max(1, min(qd, args.random_threads))
+        rimpls = [
+            ("raw_odirect", lambda: b._raw(False, True, size, bs, qd, nops)),
+            ("phoenix", lambda: b._phoenix_random(size, bs, qd, nops)),
+            ("phoenix_batch", lambda: b._phoenix_random(size, bs, qd, nops, per_request=True)),
+        ]
+        if raw_best:
+            bq = raw_best["threads"]
+            rimpls.insert(0, ("raw_best", lambda: b._raw(False, True, size, bs, bq, nops)))
+        extra = {
+            "phoenix": {"workers": workers, "api": "read_many"},
+            "phoenix_batch": {"workers": workers, "api": "batch"},
+        }
+        # warm-up, untimed, as KvikIO's: these settings make a context of their own
+        # (rings, streams, the pinned bounce pool), built once per process
+        progress.step(f"random read {bs >> 10} KiB phoenix qd={qd}: first run (warm-up)")
+        b._phoenix_random(size, bs, qd, qd * 4)
+        measured = b.interleaved(rimpls, args.reps, progress, f"random read {bs >> 10} KiB {{}} qd={qd}")
+        for impl, (nbytes, secs, cpu, runs_s) in measured.items():
+            if impl == "raw_best":
+                _best_record(b, raw_best, nbytes, secs, cpu, runs_s, iops=nops / secs)
+                continue
+            b.record(
+                "randread",
+                impl,
+                False,
+                nbytes,
+                secs,
+                cpu,
+                qd,
+                bs,
+                iops=nops / secs,
+                reps=len(runs_s),
+                runs_s=runs_s,
+                **extra.get(impl, {}),
+            )
+    finally:
+        b.args = saved
 
 
 def run(args, records: list[dict] | None = None) -> list[dict]:
@@ -414,43 +432,46 @@ def run(args, records: list[dict] | None = None) -> list[dict]:
     progress.total = planned_steps(args, plan, kv_ok, b.vendor)
     try:
         prepare_file(args.file, size)
-        swept = set()
+        best: dict = {}  # op -> (raw's best point, phoenix's best (threads, chunk))
         for temp, op, threads in plan:
             warm = temp == "warm"
-            if not warm and op not in swept:
-                swept.add(op)
-                raw_sweep(b, op, progress)
+            c = chunk
+            if not warm and op not in best:
+                best[op] = sweep(b, op, progress)
+            raw_best, phx_best = best.get(op, (None, None)) if not warm else (None, None)
+            if phx_best:
+                threads, c = phx_best
             b.prepare_rep = (lambda: warm_cache(args.file, size)) if warm else (lambda: drop_cache(args.file))
             impls = []
+            if raw_best:  # raw at its best configuration, re-measured beside the others
+                bt, bc = raw_best["threads"], raw_best["chunk"]
+                impls.append(("raw_best", lambda bt=bt, bc=bc, o=op: b._raw(o == "write", False, size, bc, bt)))
             if op == "read":
                 impls.append(
                     (
                         "raw_odirect" if not warm else "raw_buffered",
-                        lambda t=threads, w=warm: b._raw(False, False, size, chunk, t, odirect=not w),
+                        lambda t=threads, w=warm, c=c: b._raw(False, False, size, c, t, odirect=not w),
                     )
                 )
-                impls.append(("naive", lambda t=threads, w=warm: b._naive(False, size, chunk, t, odirect=not w)))
-                impls.append(("phoenix", lambda t=threads: b._phoenix_read(size, t, chunk)))
+                impls.append(("naive", lambda t=threads, w=warm, c=c: b._naive(False, size, c, t, odirect=not w)))
+                impls.append(("phoenix", lambda t=threads, c=c: b._phoenix_read(size, t, c)))
             else:
-                impls.append(("raw_odirect", lambda t=threads: b._raw(True, False, size, chunk, t)))
-                impls.append(("phoenix", lambda t=threads: b._phoenix_write(size, t, chunk)))
+                impls.append(("raw_odirect", lambda t=threads, c=c: b._raw(True, False, size, c, t)))
+                impls.append(("phoenix", lambda t=threads, c=c: b._phoenix_write(size, t, c)))
             if kv_ok:
-                impls.append(("kvikio", lambda t=threads, o=op: b._kvikio(o, size, t, min(chunk, 16 << 20))))
+                impls.append(("kvikio", lambda t=threads, o=op, c=c: b._kvikio(o, size, t, min(c, 16 << 20))))
             # untimed warm-up of each library's machinery (thread pools, pinned bounce buffers),
             # the same amount for each: two chunks per thread, as much as a pool holds
-            warm_n = min(size, 2 * threads * chunk)
+            warm_n = min(size, 2 * threads * c)
             if kv_ok:
                 try:  # a peer that fails must not stop phoenix's own figures
-                    b._kvikio(op, warm_n, threads, min(chunk, 16 << 20))
+                    b._kvikio(op, warm_n, threads, min(c, 16 << 20))
                 except Exception as exc:
                     print(f"kvikio failed, left out: {type(exc).__name__}: {exc}", file=sys.stderr)
                     impls.pop()
                     progress.total -= 1 + args.reps  # its warm-up and repetitions are not run
-            # phoenix's worker pool (threads, rings, streams) is made once per setting and kept,
-            # as an application keeps it: start it before timing, with a small untimed read
-            with b.phoenix.settings.override(threads=threads, chunk_size=chunk):
-                b.pio.prepare()  # its whole bounce pool pinned, as an application does at start
-            b._phoenix_read(warm_n, threads, chunk)
+            b.prepare_phoenix(threads, c)
+            b._phoenix_read(warm_n, threads, c)
             b.settle()  # (its page-cache registration, if any, must not overlap a timed read)
             for impl, fn in impls:
                 if warm or impl == "kvikio":
@@ -459,7 +480,7 @@ def run(args, records: list[dict] | None = None) -> list[dict]:
                     progress.step(f"{temp} {op} {impl} threads={threads}: first run (warm-up)")
                     nbytes, secs, cpu, _ = b.timed(fn, 1)
                     if warm and impl in ("phoenix", "kvikio"):
-                        b.record(op, impl, warm, nbytes, secs, cpu, threads, chunk, cache=temp, reps=1, first=True)
+                        b.record(op, impl, warm, nbytes, secs, cpu, threads, c, cache=temp, reps=1, first=True)
                     if impl == "phoenix":
                         b.settle()
             try:
@@ -467,43 +488,18 @@ def run(args, records: list[dict] | None = None) -> list[dict]:
             except OSError as exc:
                 raise (_writable(args.file, exc) if op == "write" else exc) from exc
             for impl, (nbytes, secs, cpu, runs_s) in measured.items():
-                b.record(op, impl, warm, nbytes, secs, cpu, threads, chunk, cache=temp, reps=len(runs_s), runs_s=runs_s)
-        if "randread" in ops:
-            raw_sweep(b, "randread", progress)
-            bs, qd = args.random_bs, args.qd
-            nops = max(qd * 16, min(args.random_ops, size // bs * 4))
-            b.prepare_rep = lambda: drop_cache(args.file)
-            workers = max(1, min(qd, args.random_threads))
-            rimpls = [
-                ("raw_odirect", lambda: b._raw(False, True, size, bs, qd, nops)),
-                ("phoenix", lambda: b._phoenix_random(size, bs, qd, nops)),
-                ("phoenix_batch", lambda: b._phoenix_random(size, bs, qd, nops, per_request=True)),
-            ]
-            extra = {
-                "phoenix": {"workers": workers, "api": "read_many"},
-                "phoenix_batch": {"workers": workers, "api": "batch"},
-            }
-            # warm-up, untimed, as KvikIO's: these settings make a context of their own
-            # (rings, streams, the pinned bounce pool), built once per process
-            progress.step(f"random read {bs >> 10} KiB phoenix qd={qd}: first run (warm-up)")
-            b._phoenix_random(size, bs, qd, qd * 4)
-            for impl, (nbytes, secs, cpu, runs_s) in b.interleaved(
-                rimpls, args.reps, progress, f"random read {bs >> 10} KiB {{}} qd={qd}"
-            ).items():
-                b.record(
-                    "randread",
-                    impl,
-                    False,
-                    nbytes,
-                    secs,
-                    cpu,
-                    qd,
-                    bs,
-                    iops=nops / secs,
-                    reps=len(runs_s),
-                    runs_s=runs_s,
-                    **extra.get(impl, {}),
+                if impl == "raw_best":
+                    _best_record(b, raw_best, nbytes, secs, cpu, runs_s)
+                    continue
+                extra = (
+                    {"config": config_text(threads, c), "best_of_sweep": True} if phx_best and impl == "phoenix" else {}
                 )
+                b.record(
+                    op, impl, warm, nbytes, secs, cpu, threads, c, cache=temp, reps=len(runs_s), runs_s=runs_s, **extra
+                )
+        if "randread" in ops:
+            for bs in random_sizes(args):
+                _random(b, _with_bs(args, bs), progress)
         if b.vendor != "host":
             progress.step("pinned host -> device copy")
             b.prepare_rep = None
@@ -563,7 +559,13 @@ def add_parser(sub):
         metavar="{cold,warm}[,...]",
         help="cold, warm or cold,warm (default cold)",
     )
-    p.add_argument("--random-bs", type=positive_size, default=64 << 10, help="random read size (default 64K)")
+    p.add_argument(
+        "--random-bs",
+        type=comma_list(item=positive_size),
+        default=[64 << 10],
+        metavar="SIZE[,SIZE...]",
+        help="random read sizes, each measured on its own, e.g. 4K,64K,1M (default 64K)",
+    )
     p.add_argument("--qd", type=positive_int, default=64, help="random reads in flight (default 64)")
     p.add_argument("--random-ops", type=positive_int, default=20000, help="random reads per repetition (default 20000)")
     p.add_argument(
@@ -603,6 +605,13 @@ def add_parser(sub):
         "flight) and divide the ratios by its best point (default: on with --fast-device)",
     )
     p.add_argument(
+        "--phoenix-sweep",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="sweep phoenix too over the raw sweep's grid (sequential cold ops) and measure it at its best point, "
+        "raw at its own best beside it (default: on with --fast-device)",
+    )
+    p.add_argument(
         "--sweep-threads",
         type=comma_list(item=positive_int),
         default=list(SWEEP_THREADS),
@@ -626,6 +635,10 @@ def main(args) -> int:
     fast = getattr(args, "fast_device", None)
     if getattr(args, "raw_sweep", None) is None:
         args.raw_sweep = bool(fast)
+    if getattr(args, "phoenix_sweep", None) is None:
+        args.phoenix_sweep = bool(fast)
+    if args.phoenix_sweep and not args.raw_sweep:
+        raise ValueError("--phoenix-sweep compares each side's best: it needs --raw-sweep too")
     try:
         if fast:
             from . import fastdev

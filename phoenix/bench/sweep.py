@@ -1,0 +1,104 @@
+"""``phx bench --raw-sweep``: the raw O_DIRECT reference and phoenix, each at its best configuration.
+
+Benchmark side, control plane. A sweep runs each cold op once per point of a grid
+(threads x chunk size; random reads: reads in flight), raw O_DIRECT and phoenix
+interleaved point by point (drift of the device hits both alike), one run per point with
+the file dropped from the page cache first. Each side's best point is then re-measured in
+the interleaved repetitions of :func:`phoenix.bench.throughput.run` (a best picked from
+single runs is biased upwards: the winner of noisy runs; its re-measured median is not),
+and every ratio of the op divides by raw's re-measured best (``raw_best``).
+"""
+
+from __future__ import annotations
+
+from .files import drop_cache
+
+SWEEP_THREADS = (1, 4, 8, 16, 32)
+SWEEP_CHUNKS = (1 << 20, 4 << 20, 16 << 20)
+SWEEP_QD = (8, 16, 32, 64, 128)
+
+
+def sweep_grid(args, op: str) -> list[tuple[int, int]]:
+    """The (threads, chunk) points of the raw O_DIRECT sweep of ``op`` (cold only):
+    ``--sweep-threads`` x ``--sweep-chunks`` plus phoenix's own (each --threads at
+    --chunk); random reads: in-flight counts ``SWEEP_QD`` plus --qd at --random-bs. Empty
+    without ``--raw-sweep``."""
+    if not getattr(args, "raw_sweep", False) or "cold" not in args.temperature or op not in args.ops:
+        return []
+    if op == "randread":
+        return [(q, args.random_bs) for q in sorted(set(SWEEP_QD) | {args.qd})]
+    threads = getattr(args, "sweep_threads", None) or SWEEP_THREADS
+    chunks = getattr(args, "sweep_chunks", None) or SWEEP_CHUNKS
+    pts = {(t, c) for t in threads for c in chunks} | {(t, args.chunk) for t in args.threads}
+    return sorted(pts)
+
+
+def phoenix_grid(args, op: str) -> list[tuple[int, int]]:
+    """The points phoenix is swept over (``--phoenix-sweep``, sequential ops only): the raw
+    grid's. Phoenix's threads are its workers (io_uring: each keeps up to ``queue_depth``
+    chunks in flight), so the same numbers are not the same concurrency: each side's best
+    is what is compared."""
+    if op == "randread" or not getattr(args, "phoenix_sweep", False):
+        return []
+    return sweep_grid(args, op)
+
+
+def select_sweep(points: list[dict], threads: int, chunk: int) -> tuple[dict | None, dict | None]:
+    """(the best point by GB/s, the point at phoenix's ``threads`` and ``chunk``) of a
+    sweep's records; the first of equals is the best; None where absent."""
+    best = None
+    for p in points:
+        if best is None or p["gbps"] > best["gbps"]:
+            best = p
+    at = next((p for p in points if p["threads"] == threads and p["chunk"] == chunk), None)
+    return best, at
+
+
+def config_text(threads: int, chunk: int, random: bool = False) -> str:
+    c = f"{chunk >> 20} MiB" if chunk >= 1 << 20 else f"{chunk >> 10} KiB"
+    return f"{threads} in flight x {c}" if random else f"{threads} thread{'s' if threads != 1 else ''} x {c}"
+
+
+def sweep(b, op: str, progress) -> tuple[dict | None, tuple[int, int] | None]:
+    """Sweep ``op`` (raw over :func:`sweep_grid`, phoenix over :func:`phoenix_grid`,
+    interleaved per point): a ``raw_sweep`` / ``phoenix_sweep`` record per point. Returns
+    (raw's best point with ``best_of`` and ``at_concurrency`` filled in, phoenix's best
+    (threads, chunk) or None)."""
+    args = b.args
+    size = args.size
+    rand = op == "randread"
+    nops = max(args.qd * 16, min(args.random_ops, size // args.random_bs * 4)) if rand else 0
+    b.prepare_rep = lambda: drop_cache(args.file)
+    raw_grid, phx_grid = sweep_grid(args, op), set(phoenix_grid(args, op))
+    raw_pts, phx_pts = [], []
+    for t, c in sorted(set(raw_grid) | phx_grid):
+        what = config_text(t, c, rand)
+        if (t, c) in raw_grid:
+            progress.step(f"sweep {op} raw O_DIRECT {what}")
+            nbytes, secs, cpu, _ = b.timed(lambda t=t, c=c: b._raw(op == "write", rand, size, c, t, nops), 1)
+            extra = {"iops": nops / secs} if rand else {}
+            raw_pts.append(
+                b.record(op, "raw_sweep", False, nbytes, secs, cpu, t, c, cache="cold", reps=1, config=what, **extra)
+            )
+        if (t, c) in phx_grid:
+            progress.step(f"sweep {op} phoenix {what}")
+            b.prepare_phoenix(t, c)  # its worker pool and bounce pool, untimed
+            fn = (
+                (lambda t=t, c=c: b._phoenix_write(size, t, c))
+                if op == "write"
+                else (lambda t=t, c=c: b._phoenix_read(size, t, c))
+            )
+            nbytes, secs, cpu, _ = b.timed(fn, 1)
+            phx_pts.append(
+                b.record(op, "phoenix_sweep", False, nbytes, secs, cpu, t, c, cache="cold", reps=1, config=what)
+            )
+    best, _ = select_sweep(raw_pts, 0, 0)
+    if best is not None:
+        at = {}
+        for t in [args.qd] if rand else args.threads:
+            _, p = select_sweep(raw_pts, t, args.random_bs if rand else args.chunk)
+            if p is not None:
+                at[str(t)] = {"config": p["config"], "gbps": p["gbps"], **({"iops": p["iops"]} if rand else {})}
+        best = dict(best, best_of=len(raw_pts), at_concurrency=at, sweep_gbps=best["gbps"])
+    pbest, _ = select_sweep(phx_pts, 0, 0)
+    return best, ((pbest["threads"], pbest["chunk"]) if pbest else None)
