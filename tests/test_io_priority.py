@@ -113,3 +113,51 @@ def test_write_async_background(rt, dev, tmp_path):
         assert op.result() == data.size
     rt.stream_destroy(s)
     np.testing.assert_array_equal(np.fromfile(tmp_path / "a.bin", np.uint8), data)
+
+
+@pytest.fixture(params=["io_uring", "threads"])
+def wide(request):
+    """Four workers, a pool that holds many chunks: without the hold, background chunks
+    would take three quarters of it while a load runs."""
+    with ps.override(engine=request.param, threads=4, chunk_size=MiB, bounce_pool_size=64 * MiB, mode="staged"):
+        yield request.param
+    pio.shutdown()
+
+
+def test_background_held_while_loads_run(rt, dev, tmp_path, wide):
+    """While normal chunks are in their I/O, background ones are held back (counted in
+    bg_held), and every byte of both still lands."""
+    nw = 256  # more than the workers can take at once (io_uring: 4 x queue_depth 32): some wait queued
+    wdata = _pattern(nw * MiB, 6)
+    rdata = _pattern(8 * MiB, 7)
+    src = dev(wdata.size)
+    src.fill(wdata)
+    (tmp_path / "load.bin").write_bytes(rdata.tobytes())
+    dst = dev(rdata.size)
+    before = pio.stats()["bg_held"]
+    with pio.open(tmp_path / "out.bin", "w+") as out, pio.open(tmp_path / "load.bin", "r") as f:
+        futs = [out.pwrite(src.buf(), MiB, i * MiB, i * MiB, priority="background") for i in range(nw)]
+        for _ in range(16):  # back-to-back loads, as an engine loading a request's blocks
+            assert f.read(dst.buf(), rdata.size, 0) == rdata.size
+        assert [fu.result(timeout=60) for fu in futs] == [MiB] * nw
+    assert pio.stats()["bg_held"] > before
+    np.testing.assert_array_equal(dst.get(), rdata)
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "out.bin", np.uint8), wdata)
+
+
+def test_background_alone_and_after_a_load_completes(rt, dev, tmp_path, wide):
+    """The hold ends by itself: background writes submitted alone, and right after a load
+    (within the hold's grace, with every worker asleep), complete without another call
+    waking the workers."""
+    wdata = _pattern(8 * MiB, 8)
+    src = dev(wdata.size)
+    src.fill(wdata)
+    dst = dev(MiB)
+    (tmp_path / "load.bin").write_bytes(_pattern(MiB, 9).tobytes())
+    with pio.open(tmp_path / "out.bin", "w+") as out, pio.open(tmp_path / "load.bin", "r") as f:
+        for rnd in range(3):
+            if rnd:
+                assert f.read(dst.buf(), MiB, 0) == MiB  # a load just finished: the grace is running
+            futs = [out.pwrite(src.buf(), MiB, i * MiB, i * MiB, priority="background") for i in range(8)]
+            assert [fu.result(timeout=30) for fu in futs] == [MiB] * 8
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "out.bin", np.uint8), wdata)

@@ -73,6 +73,13 @@ static void req_complete(phx_req *r)
 void chunk_finish(struct io_chunk *ch)
 {
     phx_req *r = ch->req;
+    if (ch->busy == 1) { /* the time first: a worker that sees no normal chunk busy sees it */
+        atomic_store(&r->ctx->normal_last_ns, io_now_ns());
+        atomic_fetch_sub(&r->ctx->normal_busy, 1);
+    } else if (ch->busy == 2) {
+        atomic_fetch_sub(&r->ctx->bg_busy, 1);
+    }
+    ch->busy = 0;
     if (ch->err) {
         int zero = 0;
         if (atomic_compare_exchange_strong(&r->err, &zero, ch->err)) {

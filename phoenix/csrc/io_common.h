@@ -44,6 +44,11 @@
 #define IO_CACHED_CHUNK (4ull << 20)    /* staged chunks of a read from the page cache (at most) */
 #define IO_CACHED_SLOTS 4               /* ... and slots of them in use per worker (at most) */
 #define IO_BG_EVERY 8                   /* normal chunks taken per background one, at most */
+/* While normal chunks are in their I/O, or one finished less than IO_BG_GRACE_NS ago,
+ * at most IO_BG_BUSY background chunks are (a load waits behind that much of an offload,
+ * not behind the whole pool of them); otherwise they take up to 3/4 of the bounce pool. */
+#define IO_BG_BUSY 1
+#define IO_BG_GRACE_NS (20ll * 1000 * 1000)
 
 /* ---- counters (phx_io_get_stats, io_stats.c) ---- */
 #define IO_COUNTER_FIELD(name) _Atomic int64_t name;

@@ -36,6 +36,10 @@ struct phx_ctx {
      * on, and their callbacks block the caller's stream until these run: behind chunks
      * that wait for those very slots they would deadlock. They never need a slot. */
     struct io_chunk *iq_head[2], *iq_tail[2]; /* ... by priority too */
+    /* chunks taken from the queues and not finished, by priority, and when the last
+     * normal one finished: background chunks are held back while loads run (bg_ok) */
+    _Atomic int normal_busy, bg_busy;
+    _Atomic int64_t normal_last_ns;
     int nworkers;
     struct io_worker *workers;
     struct io_worker **idle;  /* (qmu) stack of idle workers */

@@ -21,15 +21,18 @@
  * copies); here: taking chunks, sleeping, waking, starting and stopping.
  */
 #include "io_pool.h"
+#include "io_sync.h"
 #include "io_worker.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #define EFD_TAG 1ull /* user_data of the eventfd read in a ring (never a valid io_sub *) */
+#define TIMER_TAG 2ull /* ... of the timeout that wakes a worker holding background chunks back */
 
 /* ---- workers: wakeups and the shared queue ------------------------------------------- */
 
@@ -84,11 +87,50 @@ void queue_push(phx_ctx *ctx, struct io_chunk *head, struct io_chunk *tail, int 
 /* Which queue of a pair the next chunk comes from (qmu): normal, unless background
  * chunks wait and IO_BG_EVERY normal ones were taken since the last of them; -1: both
  * empty. `normal_only`: a worker whose parked chunks are background. */
-static int next_queue(struct io_chunk *const heads[2], uint32_t streak, int normal_only)
+static int next_queue(struct io_chunk *const heads[2], uint32_t streak, int normal_only, int bg)
 {
-    if (heads[0] && (normal_only || !heads[1] || streak < IO_BG_EVERY))
+    int b = heads[1] && !normal_only && bg;
+    if (heads[0] && (!b || streak < IO_BG_EVERY))
         return 0;
-    return heads[1] && !normal_only ? 1 : -1;
+    return b ? 1 : -1;
+}
+
+/* Background chunks may be taken now: fewer than IO_BG_BUSY are in their I/O, or no
+ * normal chunk is and none finished in the last IO_BG_GRACE_NS. Else 0, and *look_ns
+ * (where given) says when to look again: a sleeping worker wakes then (the chunks that
+ * lift the hold may finish on a stream callback's thread, which wakes nobody). */
+static int bg_ok(phx_ctx *ctx, int64_t *look_ns)
+{
+    if (atomic_load(&ctx->bg_busy) < IO_BG_BUSY)
+        return 1;
+    int64_t quiet = IO_BG_GRACE_NS;
+    if (!atomic_load(&ctx->normal_busy)) {
+        quiet = io_now_ns() - atomic_load(&ctx->normal_last_ns);
+        if (quiet >= IO_BG_GRACE_NS)
+            return 1;
+        quiet = IO_BG_GRACE_NS - quiet;
+    }
+    if (look_ns)
+        *look_ns = quiet;
+    return 0;
+}
+
+/* bg_ok for queue_take (qmu): a background chunk that waits and is held back is counted. */
+static int held(phx_ctx *ctx)
+{
+    if (!ctx->q_head[1])
+        return 1;
+    if (bg_ok(ctx, NULL))
+        return 1;
+    STAT_ADD(bg_held, 1);
+    return 0;
+}
+
+/* Count a chunk just taken from a queue of priority p as busy until chunk_finish. */
+static void take_busy(phx_ctx *ctx, struct io_chunk *ch, int p)
+{
+    ch->busy = p ? 2 : 1;
+    atomic_fetch_add(p ? &ctx->bg_busy : &ctx->normal_busy, 1);
 }
 
 /* Take the head of queue p of a pair (qmu), counting the streak of normal chunks. */
@@ -126,9 +168,10 @@ static struct io_chunk *internal_take(struct io_worker *w)
         return NULL;
     pthread_mutex_lock(&ctx->qmu);
     struct io_chunk *ch = NULL;
-    int p = next_queue(ctx->iq_head, ctx->iq_streak, 0);
+    int p = next_queue(ctx->iq_head, ctx->iq_streak, 0, !ctx->iq_head[1] || bg_ok(ctx, NULL));
     if (p >= 0) {
         ch = pop_queue(ctx->iq_head, ctx->iq_tail, &ctx->iq_streak, p);
+        take_busy(ctx, ch, p);
         idle_remove_locked(ctx, w);
     }
     pthread_mutex_unlock(&ctx->qmu);
@@ -151,12 +194,13 @@ static struct io_chunk *queue_take(struct io_worker *w, int n, int normal_only)
     struct io_chunk *head = NULL, *last = NULL;
     int taken = 0, p;
     uint64_t bytes = w->owned_bytes;
-    for (; taken < n && (p = next_queue(ctx->q_head, ctx->q_streak, normal_only)) >= 0; taken++) {
+    for (; taken < n && (p = next_queue(ctx->q_head, ctx->q_streak, normal_only, held(ctx))) >= 0; taken++) {
         struct io_chunk *c = ctx->q_head[p];
         if (bytes && bytes + c->len > w->bytes_cap)
             break; /* enough bytes in flight: leave the rest to the other workers */
         bytes += c->len;
         c = pop_queue(ctx->q_head, ctx->q_tail, &ctx->q_streak, p);
+        take_busy(ctx, c, p);
         if (last)
             last->next = c;
         else
@@ -180,8 +224,9 @@ static int idle_register(struct io_worker *w)
     int normal_only = w->parked_head != NULL;
     int can_take = w->owned < w->cap && w->owned_bytes < w->bytes_cap && (!normal_only || w->parked_head->req->prio);
     pthread_mutex_lock(&ctx->qmu);
-    int queued = ctx->q_head[0] || (!normal_only && ctx->q_head[1]);
-    int iqueued = ctx->iq_head[0] || ctx->iq_head[1];
+    w->look_ns = 0;
+    int queued = ctx->q_head[0] || (!normal_only && ctx->q_head[1] && bg_ok(ctx, &w->look_ns));
+    int iqueued = ctx->iq_head[0] || (ctx->iq_head[1] && bg_ok(ctx, &w->look_ns));
     if ((can_take && queued) || (iqueued && internal_room(w))) {
         pthread_mutex_unlock(&ctx->qmu);
         return 0;
@@ -301,6 +346,26 @@ static void efd_arm(struct io_worker *w)
     w->efd_armed = 1;
 }
 
+/* A timeout in the ring: the worker's sleep ends after look_ns (background chunks held
+ * back may be taken then). One at a time; a shorter look waits for the one armed. */
+static void timer_arm(struct io_worker *w)
+{
+    if (w->timer_armed || w->look_ns <= 0)
+        return;
+    struct io_uring_sqe *sqe = ring_get_sqe(&w->ring);
+    if (!sqe)
+        return;
+    w->timer_ts.tv_sec = w->look_ns / 1000000000;
+    w->timer_ts.tv_nsec = w->look_ns % 1000000000;
+    sqe->opcode = IORING_OP_TIMEOUT;
+    sqe->fd = -1;
+    sqe->addr = (uint64_t)(uintptr_t)&w->timer_ts;
+    sqe->len = 1;
+    sqe->off = 0; /* no completion count: a pure timer */
+    sqe->user_data = TIMER_TAG;
+    w->timer_armed = 1;
+}
+
 static void reap(struct io_worker *w)
 {
     struct io_uring_cqe *cqe;
@@ -311,6 +376,10 @@ static void reap(struct io_worker *w)
         ring_cqe_seen(&w->ring);
         if (ud == EFD_TAG) {
             w->efd_armed = 0;
+            continue;
+        }
+        if (ud == TIMER_TAG) {
+            w->timer_armed = 0;
             continue;
         }
         w->ring_inflight--;
@@ -340,6 +409,8 @@ static void worker_loop_ring(struct io_worker *w)
         if (!atomic_load(&w->inbox) && idle_register(w))
             wait = 1;
         efd_arm(w);
+        if (wait)
+            timer_arm(w);
         int rc = ring_enter(&w->ring, wait);
         if (rc == -EBUSY || rc == -EAGAIN) /* completions must be reaped first */
             wait = 0;
@@ -367,6 +438,11 @@ static void worker_loop_threads(struct io_worker *w)
             break;
         if (!atomic_load(&w->inbox) && idle_register(w)) {
             uint64_t v;
+            if (w->look_ns > 0) { /* background chunks held back: look again then */
+                struct pollfd pfd = {.fd = w->efd, .events = POLLIN};
+                if (poll(&pfd, 1, (int)(w->look_ns / 1000000) + 1) <= 0)
+                    continue;
+            }
             ssize_t n = read(w->efd, &v, sizeof(v));
             (void)n;
         }

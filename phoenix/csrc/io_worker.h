@@ -33,6 +33,9 @@ struct io_worker {
     int nparked;             /* ... how many (owned counts them too) */
     _Atomic int pool_wait;   /* set (pool mu) while a parked chunk waits for a slot */
     int idle;                /* (ctx qmu) registered as wanting work */
+    int64_t look_ns;         /* > 0: background chunks wait, held back: sleep at most this long */
+    int timer_armed;         /* io_uring: a timeout SQE for look_ns is in the ring */
+    struct __kernel_timespec timer_ts;
     _Atomic(struct io_chunk *) inbox; /* staged writes whose device copy finished */
     struct io_sub *sync_head, *sync_tail; /* threads engine: subs to run */
     void *streams[IO_MAX_DEVICES];

@@ -336,6 +336,8 @@ int phx_mem_probe(uint64_t addr, uint64_t size);
     X(bytes_read) X(bytes_written)                                                         \
     X(chunks_user) X(chunks_staged) X(chunks_staged_cpu)                                   \
     X(io_direct) X(io_buffered) X(reissues) X(direct_fallbacks) X(uring_enters)            \
+    /* background chunks held back while normal ones ran (IO_BG_BUSY in their I/O)      */ \
+    X(bg_held)                                                                             \
     /* page-cache probes (cachestat) of O_DIRECT reads                                  */ \
     X(cache_hit_bytes) X(cache_misses)                                                     \
     /* file-mapping cache: live windows and bytes registered; requests served or not    */ \
