@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the NVIDIA issue needs from the H200 machine, in one call:
-#   benchmarks/h200.sh [stages...]   stages: setup info conformance bench loader lmcache kvtrace split fastdev
-#   (fastdev, issue 21: the 8 GiB cold bench on a loop device over a tmpfs file, the raw O_DIRECT reference swept)
+#   benchmarks/h200.sh [stages...]   stages: setup info conformance bench loader lmcache kvtrace split fastdev loaderfast
+#   (fastdev, issue 21: the 8 GiB cold bench on a loop device over a tmpfs file, the raw O_DIRECT reference swept;
+#   loaderfast, issue 21 item 5: phxloader on that device against safetensors, fastsafetensors and the raw best)
 #   (default: all but split and warmcfg; split: benchmarks/h200_diag.py, where random and first warm reads
 #   lose time; warmcfg: the staged path's settings against KvikIO on a cached file)
 # Builds phoenix there (no network: no build isolation, wheels carried in .whl/),
@@ -98,6 +99,20 @@ if has loader; then
             --make ${PHX_LOADER_SIZE:-4G} --reps ${PHX_LOADER_REPS:-2} --json "$OUT/loader-$C.json" 2>&1 | tail -15
     done
     unset PHX_CHUNK_SIZE
+fi
+
+if has loaderfast; then
+    # issue 21 item 5: an 8 GiB multi-dtype safetensors file written onto a "loop device over RAM (stand-in for a fast
+    # NVMe array)" (9 GiB tmpfs file, losetup --direct-io=on, ext4; torn down by phx bench itself, also on timeout's
+    # SIGTERM); raw O_DIRECT swept over threads 4,8,16,32 x chunks 1M,4M,16M (+ phoenix's own), its best re-measured
+    # interleaved with phxloader, safetensors and fastsafetensors (wheel in .whl/), cold and warm.
+    # Done when: phxloader cold >= 0.90x the raw best and faster than safetensors cold (the log's "issue 21 target").
+    losetup -a; df -h /dev/shm | sed 1d
+    timeout ${PHX_LOADERFAST_TIMEOUT:-420} phx bench loader --fast-device ${PHX_LOADERFAST_DEVICE:-9G} \
+        --make ${PHX_LOADERFAST_SIZE:-8G} --device cuda --reps ${PHX_LOADERFAST_REPS:-3} \
+        --json "$OUT/loader-fastdev.json" > "$OUT/loader-fastdev.log" 2>&1
+    echo "loaderfast rc=$?"; grep -v "^raw sweep [0-9]" "$OUT/loader-fastdev.log" | cut -c1-400 | tail -24
+    if losetup -a | grep -q phx-fastdev || grep -q phx-fastdev /proc/mounts; then echo "loaderfast: LEFT BEHIND:"; losetup -a; fi
 fi
 
 if has lmcache; then

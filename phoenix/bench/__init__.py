@@ -6,7 +6,9 @@ Benchmark side, control plane. What lives here:
   staging loop, KvikIO and the pinned host -> device copy; table, JSON, PNG.
 * ``kvtrace/``       ``phx bench kv-trace``: an agentic KV-cache trace replayed through
   DRAM-only, staged-SSD and phoenix tiers (TTFT, QPS).
-* ``loader.py``      ``phx bench loader``: phxloader against safetensors and raw O_DIRECT.
+* ``loader.py``      ``phx bench loader``: phxloader against safetensors, fastsafetensors
+  (``loader_peers.py``) and raw O_DIRECT; with ``--fast-device``, on a loop device over RAM.
+* ``fastdev.py``     ``--fast-device SIZE``: that loop device, set up and always torn down.
 * ``raw.py`` + ``bench_raw.c``  the C references (``libphxbench.so``, a plain shared
   library of its own, loaded with ctypes), ``files.py`` the bench files and page cache.
 * ``cli.py``         hangs them all under ``phx bench``.

@@ -1,9 +1,16 @@
-"""``phx bench loader``: phxloader against ``safetensors`` and raw O_DIRECT, cold and warm.
+"""``phx bench loader``: phxloader against ``safetensors``, fastsafetensors and raw O_DIRECT, cold and warm.
 
 Benchmark side, control plane: it loads a safetensors file through :mod:`phoenix.phxloader`
-(the adapter, which knows nothing of this bench) and through ``safetensors.torch.load_file``,
-beside a raw O_DIRECT read of the same file into host memory (``raw.py``), interleaved in one
-run. ``--make SIZE`` first writes an LLM-like multi-dtype file (:func:`make_bench_file`).
+(the adapter, which knows nothing of this bench), through ``safetensors.torch.load_file`` and,
+where it is importable, fastsafetensors (the peers: ``loader_peers.py``), beside a raw
+O_DIRECT read of the same file into host memory (``raw.py``), interleaved in one run.
+``--make SIZE`` first writes an LLM-like multi-dtype file (:func:`make_bench_file`).
+
+``--fast-device SIZE`` puts the file on a loop device over RAM (``fastdev.py``, a stand-in
+for a fast NVMe array) and sweeps the raw reference first (threads x chunk, one cold run per
+point); its best configuration is then measured interleaved with the loaders, and every
+ratio divides by that re-measured best. Issue 21's figure is read off one such run:
+phxloader cold at least :data:`TARGET_RAW` x the raw best and faster than safetensors cold.
 """
 
 from __future__ import annotations
@@ -13,18 +20,28 @@ import errno
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 import time
 
 import numpy as np
 
-from phoenix.cli._run import positive_int, positive_size, vendor_runtime
+from phoenix.cli._run import comma_list, positive_int, positive_size, vendor_runtime
 from phoenix.phxloader import ALIGN, DEFAULT_CHUNK, DEFAULT_DEPTH, DTYPES, load_file, save_file
 from phoenix.settings import get as settings
 
+from . import fastdev
 from .files import drop_cache, warm_cache
+from .loader_peers import fastsafetensors_impl, safetensors_impl
 from .raw import raw_transfer
+
+RAW_CHUNK = 16 << 20  #: the raw reference's chunk without a sweep
+SWEEP_THREADS = (4, 8, 16, 32)  #: the raw sweep's thread counts (phoenix's own are always added)
+SWEEP_CHUNKS = (1 << 20, 4 << 20, 16 << 20)  #: and its chunk sizes
+DEFAULT_NAME = "model.safetensors"  #: the file's name on the fast device when none is given
+TARGET_RAW = 0.90  #: issue 21: phxloader cold / the raw best, on the fast device, at least this
+OWN_FS = "the file's own file system"
 
 
 def _torch():
@@ -35,6 +52,58 @@ def _torch():
     return torch
 
 
+def config_text(threads: int, chunk: int) -> str:
+    c = f"{chunk >> 20} MiB" if chunk >= 1 << 20 else f"{chunk >> 10} KiB"
+    return f"{threads} thread{'s' if threads != 1 else ''} x {c}"
+
+
+# -- the raw reference: swept once cold, its best re-measured with the loaders ---------------
+
+
+def sweep_points(threads, chunks, own: tuple[int, int]) -> list[tuple[int, int]]:
+    """The (threads, chunk) points of the raw sweep: ``threads`` x ``chunks`` plus phoenix's
+    own (``own``: its I/O threads and chunk size), in order, each once."""
+    return sorted({(t, c) for t in threads for c in chunks} | {own})
+
+
+def raw_sweep(path: str, nbytes: int, points, quiet: bool = False) -> list[dict]:
+    """One cold raw O_DIRECT read of ``nbytes`` of ``path`` per point (the page cache dropped
+    before each); a record per point."""
+    out = []
+    for i, (t, c) in enumerate(points):
+        drop_cache(path)
+        t0 = time.perf_counter()
+        n = raw_transfer(path, False, False, nbytes, min(c, nbytes), t)
+        secs = time.perf_counter() - t0
+        out.append({"threads": t, "chunk": c, "config": config_text(t, c), "gbps": n / secs / 1e9, "seconds": secs})
+        if not quiet:
+            print(f"raw sweep {i + 1}/{len(points)}: {out[-1]['config']} {out[-1]['gbps']:.2f} GB/s", file=sys.stderr)
+    return out
+
+
+def pick_best(points: list[dict], own: tuple[int, int]) -> dict | None:
+    """The sweep's best point by GB/s (the first of equals), with the point at phoenix's own
+    configuration beside it; None for an empty sweep."""
+    best = None
+    for p in points:
+        if best is None or p["gbps"] > best["gbps"]:
+            best = p
+    if best is None:
+        return None
+    at = next((p for p in points if (p["threads"], p["chunk"]) == own), None)
+    return {
+        "threads": best["threads"],
+        "chunk": best["chunk"],
+        "config": best["config"],
+        "sweep_gbps": best["gbps"],
+        "best_of": len(points),
+        "at_phoenix": {"config": at["config"], "gbps": at["gbps"]} if at else None,
+    }
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
 def bench(
     path,
     device="cuda",
@@ -43,33 +112,51 @@ def bench(
     chunk: int = DEFAULT_CHUNK,
     depth: int = DEFAULT_DEPTH,
     raw_threads: int | None = None,
-    raw_chunk: int = 16 << 20,
+    raw_chunk: int = RAW_CHUNK,
+    sweep: bool = False,
+    sweep_threads=SWEEP_THREADS,
+    sweep_chunks=SWEEP_CHUNKS,
+    storage: str = OWN_FS,
+    fast_device: dict | None = None,
+    vendor: str | None = None,
+    test_double: bool = False,
     quiet: bool = False,
 ) -> dict:
-    """phxloader cold and warm vs ``safetensors.torch.load_file(path, device=...)`` cold and
-    warm vs a raw O_DIRECT read of the same file into host memory, interleaved in one run.
+    """phxloader, ``safetensors.torch.load_file(path, device=...)`` and fastsafetensors (where
+    importable), each cold and warm, beside a raw O_DIRECT read of the same file into host
+    memory, in ``reps`` interleaved repetitions (each starting one implementation further on).
 
-    Cold: the file is dropped from the page cache first (fadvise; drop_caches when root).
-    Meant for an accelerator (``device="cuda"``): on ``"cpu"`` safetensors only maps the
-    file (its tensors are paged in when touched), so its CPU figures are not comparable.
-    Returns {impl: {"gbps": median GB/s (1e9), "seconds": [...]}, "ratios": ..., ...} and
-    prints a table unless ``quiet``. Run it on the accelerator machine, e.g.::
+    Cold: the file is dropped from the page cache first (fadvise; drop_caches when root);
+    warm: it was read into it first. ``sweep``: the raw reference is first swept over
+    ``sweep_threads`` x ``sweep_chunks`` (one cold run per point) and then measured at its
+    best point; without, at ``raw_threads`` (phoenix's threads) x ``raw_chunk``. Meant for an
+    accelerator (``device="cuda"``): on ``"cpu"`` safetensors only maps the file (its tensors
+    are paged in when touched), so its CPU figures are not comparable. Returns
+    ``{impl: {"gbps": median GB/s (1e9), "x_raw": ..., "seconds": [...]}, "ratios": ...,
+    "skipped": {peer: why}, ...}`` and prints a table unless ``quiet``. E.g.::
 
         phx bench loader /nvme/model.safetensors --device cuda --reps 3
     """
     path = os.fspath(path)
     size = os.path.getsize(path)
     torch = _torch()
-    threads = raw_threads or settings().threads
+    s = settings()
+    own = (s.threads, s.chunk_size)
+    raw_size = size // ALIGN * ALIGN  # O_DIRECT: the aligned body of the file (all but < 4 KiB)
 
     def sync():
         if torch is not None and str(device).startswith("cuda"):
             torch.cuda.synchronize()
 
-    raw_size = size // ALIGN * ALIGN  # O_DIRECT: the aligned body of the file (all but < 4 KiB)
+    sweep_recs: list[dict] = []
+    best = None
+    if sweep:
+        sweep_recs = raw_sweep(path, raw_size, sweep_points(sweep_threads, sweep_chunks, own), quiet)
+        best = pick_best(sweep_recs, own)
+    raw_t, raw_c = (best["threads"], best["chunk"]) if best else (raw_threads or s.threads, raw_chunk)
 
     def raw():
-        return raw_transfer(path, False, False, raw_size, min(raw_chunk, raw_size), threads)
+        return raw_transfer(path, False, False, raw_size, min(raw_c, raw_size), raw_t)
 
     last_stats: dict = {}
 
@@ -79,31 +166,27 @@ def bench(
         last_stats.update(sd.stats)
         return sd.stats["bytes"]
 
-    def st():
-        from safetensors.torch import load_file as st_load
-
-        sd = st_load(path, device=str(device))
-        sync()
-        n = sum(t.numel() * t.element_size() for t in sd.values())
-        del sd
-        return n
-
     impls = [("raw_odirect_cold", raw, False), ("phxloader_cold", phx, False), ("phxloader_warm", phx, True)]
+    peers: dict = {}
+    skipped: dict = {}
+    for peer, make in (("safetensors", safetensors_impl), ("fastsafetensors", fastsafetensors_impl)):
+        fn, why, info = make(path, device, torch, sync)
+        if fn is None:
+            skipped[peer] = why
+            continue
+        peers[peer] = info
+        impls += [(f"{peer}_cold", fn, False), (f"{peer}_warm", fn, True)]
     import phoenix.io
 
     phoenix.io.prepare()  # the worker pool and its pinned bounce slots, untimed
-    try:
-        import safetensors.torch  # noqa: F401
-
-        if torch is not None and not str(device).startswith("phx"):
-            impls += [("safetensors_cold", st, False), ("safetensors_warm", st, True)]
-    except ImportError:
-        pass
     runs: dict = {name: [] for name, _, _ in impls}
     stats_of: dict = {}  # phxloader's own stats per repetition
     nbytes: dict = {}
-    for _ in range(reps):
-        for name, fn, warm in impls:
+    for rep in range(reps):
+        k = rep % len(impls)
+        for name, fn, warm in impls[k:] + impls[:k]:
+            if name not in runs:  # a peer that failed in an earlier repetition
+                continue
             if warm:
                 warm_cache(path, size)
             else:
@@ -111,7 +194,16 @@ def bench(
             if torch is not None and torch.cuda.is_available():
                 torch.cuda.empty_cache()
             t0 = time.perf_counter()
-            nbytes[name] = fn()
+            try:
+                nbytes[name] = fn()
+            except Exception as exc:
+                peer = name.rsplit("_", 1)[0]
+                if peer not in peers:
+                    raise  # phoenix's own and the reference: an error is reported, not skipped
+                skipped[peer] = f"failed: {type(exc).__name__}: {exc}"
+                for cache in ("cold", "warm"):
+                    runs.pop(f"{peer}_{cache}", None)
+                continue
             runs[name].append(time.perf_counter() - t0)
             if fn is phx:
                 stats_of.setdefault(name, []).append(dict(last_stats))
@@ -120,43 +212,132 @@ def bench(
         "file": path,
         "size": size,
         "device": str(device),
+        "vendor": vendor,
+        "test_double": test_double,
+        "storage": storage,
         "reps": reps,
         "chunk": chunk,
         "depth": depth,
-        "raw_threads": threads,
+        "raw_threads": raw_t,
+        "raw_chunk": raw_c,
         "cache_drop": drop_cache(path),
+        "impls": [name for name, _, _ in impls if name in runs],
+        "skipped": skipped,
+        "peers": {p: i for p, i in peers.items() if p not in skipped},
     }
-    for name in runs:
+    if fast_device:
+        res["fast_device"] = fast_device
+    if sweep:
+        res["raw_sweep"] = sweep_recs
+        res["raw_best"] = best
+    for name in res["impls"]:
         med = statistics.median(runs[name])
-        res[name] = {"gbps": nbytes[name] / med / 1e9, "seconds": runs[name], "bytes": nbytes[name]}
+        impl, cache = name.rsplit("_", 1)
+        res[name] = {
+            "impl": impl,
+            "cache": cache,
+            "storage": storage,
+            "gbps": nbytes[name] / med / 1e9,
+            "seconds": runs[name],
+            "bytes": nbytes[name],
+        }
         if name in stats_of:
             res[name]["stats"] = stats_of[name]
-    ratios = {"phxloader_cold / raw_odirect_cold": res["phxloader_cold"]["gbps"] / res["raw_odirect_cold"]["gbps"]}
-    if "safetensors_cold" in res:
-        ratios["phxloader_cold / safetensors_cold"] = res["phxloader_cold"]["gbps"] / res["safetensors_cold"]["gbps"]
-        ratios["phxloader_warm / safetensors_warm"] = res["phxloader_warm"]["gbps"] / res["safetensors_warm"]["gbps"]
+    raw_gbps = res["raw_odirect_cold"]["gbps"]
+    res["raw_odirect_cold"].update(threads=raw_t, chunk=raw_c, config=config_text(raw_t, raw_c), best=bool(best))
+    for name in res["impls"]:
+        res[name]["x_raw"] = res[name]["gbps"] / raw_gbps
+    ratios = {"phxloader_cold / raw_odirect_cold": res["phxloader_cold"]["gbps"] / raw_gbps}
+    for peer in res["peers"]:
+        for cache in ("cold", "warm"):
+            a, b = f"phxloader_{cache}", f"{peer}_{cache}"
+            ratios[f"{a} / {b}"] = res[a]["gbps"] / res[b]["gbps"]
     res["ratios"] = ratios
+    if fast_device:
+        res["target"] = target(res)
     if not quiet:
-        print(f"{path}: {size / 1e9:.2f} GB -> {device}, median of {reps}")
-        for name in runs:
-            print(f"  {name:20s} {res[name]['gbps']:8.2f} GB/s   " + " ".join(f"{s:.3f}" for s in runs[name]) + " s")
-        for k, v in ratios.items():
-            print(f"  {k:36s} {v:.3f}")
-        print(
-            "  (GB/s: file bytes / seconds, 1 GB = 10^9 bytes, median of the repetitions, each repetition's seconds "
-            "after it; cold: the page cache dropped first, warm: the file in it; raw_odirect: an O_DIRECT read into "
-            "host memory, the storage limit; a ratio above 1: phxloader faster)"
-        )
-        for st in res["phxloader_cold"].get("stats", []):
-            print(
-                "  phxloader_cold: "
-                + ", ".join(
-                    f"{k} {st[k]}"
-                    for k in ("requests", "alloc_seconds", "submit_seconds", "wait_seconds", "seconds")
-                    if k in st
-                )
-            )
+        report(res)
     return res
+
+
+def target(res: dict) -> dict:
+    """Issue 21's figure of this run: phxloader cold / the raw best (at least :data:`TARGET_RAW`)
+    and / safetensors cold (above 1); ``met`` is None where safetensors did not run."""
+    over_raw = res["ratios"]["phxloader_cold / raw_odirect_cold"]
+    over_st = res["ratios"].get("phxloader_cold / safetensors_cold")
+    met = None if over_st is None else over_raw >= TARGET_RAW and over_st > 1
+    return {"phxloader_cold / raw_best": over_raw, "phxloader_cold / safetensors_cold": over_st, "met": met}
+
+
+def report(res: dict) -> None:
+    """The table (GB/s and the ratio to the raw reference of each implementation, cold and
+    warm), the sweep, the peers skipped and why, the ratios and the legend."""
+    print(f"{res['file']}: {res['size'] / 1e9:.2f} GB -> {res['device']}, median of {res['reps']}, on {res['storage']}")
+    best = res.get("raw_best")
+    print(f"  {'impl':16s} {'cache':5s} {'GB/s':>8s} {'x raw':>8s}   seconds of each repetition")
+    for name in res["impls"]:
+        r = res[name]
+        note = ""
+        if name == "raw_odirect_cold":
+            swept = f", the best of {best['best_of']} swept" if best else ""
+            note = f"   ({r['config']}{swept})"
+        secs = " ".join(f"{x:.3f}" for x in r["seconds"])
+        print(f"  {r['impl']:16s} {r['cache']:5s} {r['gbps']:8.2f} {r['x_raw']:7.3f}x   {secs} s{note}")
+    for peer, why in res["skipped"].items():
+        print(f"  {peer}: {why}")
+    if best:
+        pts = ", ".join(f"{p['threads']}x{p['chunk'] >> 20}M {p['gbps']:.2f}" for p in res["raw_sweep"])
+        at = best["at_phoenix"]
+        print(
+            f"  raw O_DIRECT sweep (cold, one run per point, GB/s): {pts}; best {best['config']} "
+            f"{best['sweep_gbps']:.2f}" + (f"; at phoenix's {at['config']}: {at['gbps']:.2f}" if at else "")
+        )
+    for k, v in res["ratios"].items():
+        print(f"  {k:38s} {v:.3f}")
+    t = res.get("target")
+    if t:
+        st = t["phxloader_cold / safetensors_cold"]
+        verdict = {True: "MET", False: "NOT MET", None: "not judged (safetensors did not run)"}[t["met"]]
+        print(
+            f"  issue 21 target (phxloader cold >= {TARGET_RAW:.2f}x the raw best and faster than safetensors cold, "
+            f"this run): {t['phxloader_cold / raw_best']:.3f}x raw, "
+            + (f"{st:.3f}x safetensors: " if st is not None else "")
+            + verdict
+        )
+    print(
+        "  (GB/s: bytes loaded / seconds, 1 GB = 10^9 bytes, median of the interleaved repetitions; cold: the page "
+        "cache dropped first, warm: the file in it; raw_odirect: an O_DIRECT read of the file into host memory, the "
+        "storage limit"
+        + (", at the best configuration of the sweep, re-measured with the others" if best else "")
+        + "; x raw: GB/s / raw_odirect's; a ratio above 1: phxloader faster)"
+    )
+    print(f"  storage: {res['storage']}")
+    if res.get("test_double"):
+        print(
+            f"  vendor {res['vendor']} is a test double: 'device memory' is host memory; these are not accelerator figures."
+        )
+    for st in res["phxloader_cold"].get("stats", []):
+        keys = ("requests", "alloc_seconds", "submit_seconds", "wait_seconds", "seconds")
+        print("  phxloader_cold: " + ", ".join(f"{k} {st[k]}" for k in keys if k in st))
+
+
+# -- the bench file ----------------------------------------------------------------------------
+
+
+def _width(size: int) -> int:
+    """The model width of a bench file of ``size``: 4096, halved (down to 256) while one
+    layer (22 d^2 bytes) would be larger than the whole file."""
+    d = 4096
+    while d > 256 and 22 * d * d > size:
+        d //= 2
+    return d
+
+
+def bench_file_bytes(size: int) -> int:
+    """An upper bound of the bytes :func:`make_bench_file` writes for ``size``: it stops after
+    the layer that reaches ``size``."""
+    d = _width(size)
+    return size + 22 * d * d + 5 * d + (1 << 20)
 
 
 def make_bench_file(path, size: int = 4 << 30, seed: int = 0) -> str:
@@ -164,8 +345,8 @@ def make_bench_file(path, size: int = 4 << 30, seed: int = 0) -> str:
     BF16/F16/F32 matrices per layer, small norms and biases, an F8 and an I64 tensor)."""
     rng = np.random.default_rng(seed)
     tensors, dtypes, total, layer = {}, {}, 0, 0
+    d = _width(size)
     while total < size:
-        d = 4096
         mats = {
             f"layers.{layer}.attn.qkv.weight": (3 * d, d, "BF16"),
             f"layers.{layer}.mlp.up.weight": (4 * d, d, "BF16"),
@@ -186,6 +367,8 @@ def make_bench_file(path, size: int = 4 << 30, seed: int = 0) -> str:
     )
     return os.fspath(path)
 
+
+# -- the command line ----------------------------------------------------------------------------
 
 DEVICE_FORMS = "auto, cuda[:N], phx[:N] or cpu"
 
@@ -219,14 +402,20 @@ def resolve_device(device: str) -> str:
 
 
 def add_parser(sub) -> None:
-    """``phx bench loader FILE``: called from phoenix.bench.cli.add_parser."""
+    """``phx bench loader [FILE]``: called from phoenix.bench.cli.add_parser."""
     b = sub.add_parser(
         "loader",
-        help="phxloader vs safetensors vs raw O_DIRECT, cold and warm",
-        description="Load a safetensors file with phxloader and with safetensors.torch.load_file, "
-        "cold (page cache dropped) and warm, beside a raw O_DIRECT read of the same file, interleaved.",
+        help="phxloader vs safetensors vs fastsafetensors vs raw O_DIRECT, cold and warm",
+        description="Load a safetensors file with phxloader, safetensors.torch.load_file and fastsafetensors "
+        "(where importable), cold (page cache dropped) and warm, beside a raw O_DIRECT read of the same file, "
+        "interleaved.",
     )
-    b.add_argument("file", help="a .safetensors file (--make writes one)")
+    b.add_argument(
+        "file",
+        nargs="?",
+        help="a .safetensors file (--make writes one); with --fast-device: its name on the device "
+        f"(default {DEFAULT_NAME}, written there by --make), or the path of an existing file to copy there",
+    )
     b.add_argument(
         "--device",
         type=device_arg,
@@ -245,27 +434,107 @@ def add_parser(sub) -> None:
     b.add_argument(
         "--make", metavar="SIZE", type=positive_size, help="first write a multi-dtype file of SIZE (e.g. 8G) if absent"
     )
+    fastdev.add_argument(b, "the safetensors file")
+    b.add_argument(
+        "--raw-sweep",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="sweep the raw O_DIRECT reference over threads x chunk sizes first (one cold run per point), then "
+        "measure its best point with the loaders, every ratio against it (default: on with --fast-device)",
+    )
+    b.add_argument(
+        "--sweep-threads",
+        type=comma_list(item=positive_int),
+        default=list(SWEEP_THREADS),
+        metavar="N[,N...]",
+        help="the sweep's thread counts (default 4,8,16,32; phoenix's own threads x chunk size is always added)",
+    )
+    b.add_argument(
+        "--sweep-chunks",
+        type=comma_list(item=positive_size),
+        default=list(SWEEP_CHUNKS),
+        metavar="SIZE[,SIZE...]",
+        help="the sweep's chunk sizes (default 1M,4M,16M)",
+    )
     b.add_argument("--json", metavar="OUT", help="also write the result as JSON")
     b.set_defaults(func=main)
 
 
+def _size_text(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def placement(args) -> tuple[str | None, str, int]:
+    """With ``--fast-device``: (the file to copy there or None, its name there, the bytes
+    it needs), refused before any device is set up where it cannot work."""
+    name = args.file or DEFAULT_NAME
+    if os.sep in name or (os.altsep and os.altsep in name):
+        if not os.path.isfile(name):
+            raise FileNotFoundError(
+                errno.ENOENT,
+                f"{name}: no such file; with --fast-device, FILE is a name on the device (--make SIZE writes it "
+                f"there, e.g. {DEFAULT_NAME}) or the path of an existing file to copy there",
+            )
+        src, name, need = name, os.path.basename(name), os.path.getsize(name)
+    elif not args.make:
+        raise ValueError(
+            f"--fast-device: the loop device starts empty; give --make SIZE (e.g. --make 8G) to write {name} "
+            f"there, or FILE as the path of an existing file to copy there (e.g. ./{name})"
+        )
+    else:
+        src, need = None, bench_file_bytes(args.make)
+    want = fastdev.needed(need, "ext4")
+    if args.fast_device < want:
+        what = f"a {_size_text(need)} copy of {src}" if src else f"the --make {_size_text(args.make)} file"
+        raise ValueError(
+            f"--fast-device {_size_text(args.fast_device)} cannot hold {what} on ext4: "
+            f"give --fast-device {-(-want // 2**20)}M or more"
+        )
+    return src, name, need
+
+
 def main(args) -> int:
-    vendor_runtime(select_only=True)  # a PHX_VENDOR typo is refused even where only host memory is used
+    sel = vendor_runtime(select_only=True)  # a PHX_VENDOR typo is refused even where only host memory is used
+    fast = getattr(args, "fast_device", None)
+    if args.raw_sweep is None:
+        args.raw_sweep = bool(fast)
+    if not fast and not args.file:
+        raise ValueError("give a .safetensors FILE (--make SIZE writes one there), or --fast-device SIZE --make SIZE")
+    src, name, need = placement(args) if fast else (None, args.file, 0)
     device = resolve_device(args.device)
     if args.device != device:
         print(
             f"device: {device} ({'torch sees a CUDA device' if device == 'cuda' else 'no CUDA here: device memory of the selected vendor'})"
         )
-    if args.make and not os.path.exists(args.file):
-        make_bench_file(args.file, args.make)
-    if not os.path.isfile(args.file):
-        raise FileNotFoundError(
-            errno.ENOENT,
-            f"{args.file}: no such file; give a .safetensors file, or --make SIZE "
-            "(e.g. --make 1G) to write one there first",
-        )
-    res = bench(args.file, device, args.reps, chunk=args.chunk, depth=args.depth)
+    opts = dict(
+        chunk=args.chunk,
+        depth=args.depth,
+        sweep=args.raw_sweep,
+        sweep_threads=args.sweep_threads,
+        sweep_chunks=args.sweep_chunks,
+        vendor=sel.name,
+        test_double=bool(sel.runtime_cls.is_test_double),
+    )
+    if fast:
+        with fastdev.directory(args, need) as mnt:
+            path = os.path.join(mnt, name)
+            if src:
+                shutil.copyfile(src, path)
+            else:
+                make_bench_file(path, args.make)
+            res = bench(path, device, args.reps, storage=fastdev.LABEL, fast_device=args.fast_device_info, **opts)
+    else:
+        if args.make and not os.path.exists(args.file):
+            make_bench_file(args.file, args.make)
+        if not os.path.isfile(args.file):
+            raise FileNotFoundError(
+                errno.ENOENT,
+                f"{args.file}: no such file; give a .safetensors file, or --make SIZE "
+                "(e.g. --make 1G) to write one there first",
+            )
+        res = bench(args.file, device, args.reps, **opts)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
+        print(f"result written to {args.json}")
     return 0
