@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the NVIDIA issue needs from the H200 machine, in one call:
-#   benchmarks/h200.sh [stages...]   stages: setup info conformance bench loader lmcache kvtrace split fastdev loaderfast
+#   benchmarks/h200.sh [stages...]   stages: setup info conformance bench loader lmcache kvtrace split fastdev loadlatfast loaderfast
 #   (fastdev, issue 21: the 8 GiB cold bench on a loop device over a tmpfs file, the raw O_DIRECT reference swept;
 #   loaderfast, issue 21 item 5: phxloader on that device against safetensors, fastsafetensors and the raw best)
 #   (default: all but split and warmcfg; split: benchmarks/h200_diag.py, where random and first warm reads
@@ -79,15 +79,27 @@ fi
 
 if has fastdev; then
     # issue 21: "loop device over RAM (stand-in for a fast NVMe array)": a 9 GiB tmpfs file in /dev/shm, losetup
-    # --direct-io=on, ext4, torn down by phx bench itself (also on timeout's SIGTERM); raw O_DIRECT swept over
-    # threads 1,4,8,16,32 x chunks 1M,4M,16M (random reads: 8..128 in flight), every ratio against its best point
+    # --direct-io=on, ext4, torn down by phx bench itself (also on timeout's SIGTERM). Raw O_DIRECT and phoenix are
+    # both swept over threads 1,4,8,16,32 x chunks 1M,4M,16M (random reads: raw over 8..128 in flight), each side's
+    # best point re-measured in 3 interleaved repetitions with naive and KvikIO (at phoenix's point); every ratio
+    # divides by raw's re-measured best. Random reads of 4 KiB, 64 KiB and 1 MiB at 64 in flight.
     losetup -a; df -h /dev/shm | sed 1d
     timeout ${PHX_FASTDEV_TIMEOUT:-420} phx bench --fast-device ${PHX_FASTDEV_SIZE:-9G} --size ${PHX_BENCH_SIZE:-8G} \
-        --threads ${PHX_BENCH_THREADS:-16} --chunk 16M --ops read,write,randread --random-ops ${PHX_RANDOM_OPS:-60000} \
-        --temperature cold --reps ${PHX_BENCH_REPS:-2} --quiet \
+        --threads ${PHX_BENCH_THREADS:-16} --chunk 16M --ops read,write,randread --random-bs ${PHX_RANDOM_BS:-4K,64K,1M} \
+        --random-ops ${PHX_RANDOM_OPS:-60000} --temperature cold --reps ${PHX_BENCH_REPS:-3} --quiet \
         --json "$OUT/bench-fastdev.json" --plot "$OUT/bench-fastdev.png" > "$OUT/bench-fastdev.log" 2>&1
-    echo "fastdev rc=$?"; cut -c1-220 "$OUT/bench-fastdev.log" | head -24
+    echo "fastdev rc=$?"; cut -c1-220 "$OUT/bench-fastdev.log" | head -30
     if losetup -a | grep -q phx-fastdev || grep -q phx-fastdev /proc/mounts; then echo "fastdev: LEFT BEHIND:"; losetup -a; fi
+fi
+
+if has loadlatfast; then
+    # issue 21 item 3 on the loop device over RAM: p50/p99 of 32 MiB block loads (200 per phase) idle, with an 8 GiB
+    # write stream at priority=background, the same stream at normal priority, and KvikIO with its own writes
+    timeout ${PHX_LOADLAT_TIMEOUT:-240} phx bench loadlat --fast-device ${PHX_LOADLAT_DEVICE:-13G} --size 4G --block 32M \
+        --write-size 8G --threads ${PHX_LOADLAT_THREADS:-8} --quiet --json "$OUT/loadlat-fastdev.json" \
+        > "$OUT/loadlat-fastdev.log" 2>&1
+    echo "loadlatfast rc=$?"; cut -c1-220 "$OUT/loadlat-fastdev.log" | tail -12
+    if losetup -a | grep -q phx-fastdev || grep -q phx-fastdev /proc/mounts; then echo "loadlatfast: LEFT BEHIND:"; losetup -a; fi
 fi
 
 if has loader; then

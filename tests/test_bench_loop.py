@@ -17,7 +17,8 @@ import tempfile
 import pytest
 
 from phoenix.bench import fastdev
-from phoenix.bench.throughput import SWEEP_QD, planned_steps, select_sweep, sequential_plan, sweep_grid
+from phoenix.bench.sweep import SWEEP_QD, select_sweep, sweep_grid
+from phoenix.bench.throughput import planned_steps, sequential_plan
 
 LABEL = "loop device over RAM (stand-in for a fast NVMe array)"
 

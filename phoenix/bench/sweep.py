@@ -18,6 +18,17 @@ SWEEP_CHUNKS = (1 << 20, 4 << 20, 16 << 20)
 SWEEP_QD = (8, 16, 32, 64, 128)
 
 
+#: bytes one random-read run moves at most (large blocks: fewer reads, the same time)
+RANDOM_BYTES = 4 << 30
+
+
+def random_nops(args) -> int:
+    """Random reads per run: --random-ops, at most 4 passes over the file and RANDOM_BYTES,
+    at least 16 per read in flight."""
+    bs = args.random_bs
+    return max(args.qd * 16, min(args.random_ops, args.size // bs * 4, RANDOM_BYTES // bs))
+
+
 def sweep_grid(args, op: str) -> list[tuple[int, int]]:
     """The (threads, chunk) points of the raw O_DIRECT sweep of ``op`` (cold only):
     ``--sweep-threads`` x ``--sweep-chunks`` plus phoenix's own (each --threads at
@@ -67,7 +78,7 @@ def sweep(b, op: str, progress) -> tuple[dict | None, tuple[int, int] | None]:
     args = b.args
     size = args.size
     rand = op == "randread"
-    nops = max(args.qd * 16, min(args.random_ops, size // args.random_bs * 4)) if rand else 0
+    nops = random_nops(args) if rand else 0
     b.prepare_rep = lambda: drop_cache(args.file)
     raw_grid, phx_grid = sweep_grid(args, op), set(phoenix_grid(args, op))
     raw_pts, phx_pts = [], []

@@ -38,7 +38,15 @@ from phoenix.vendor import CopyKind
 from .files import check_bench_file, drop_cache, prepare_file, warm_cache
 from .raw import naive_transfer, raw_transfer
 from .report import FONT, IMPLS, legend, plain_log_axis, plot, report, table  # noqa: F401 (re-exported)
-from .sweep import SWEEP_CHUNKS, SWEEP_QD, SWEEP_THREADS, config_text, phoenix_grid, select_sweep, sweep, sweep_grid  # noqa: F401
+from .sweep import (
+    SWEEP_CHUNKS,
+    SWEEP_THREADS,
+    config_text,
+    phoenix_grid,
+    random_nops,
+    sweep,
+    sweep_grid,
+)  # noqa: F401
 
 GB = 1e9
 OPS = ("read", "write", "randread")
@@ -376,7 +384,7 @@ def _random(b, args, progress) -> None:
     try:
         raw_best, _ = sweep(b, "randread", progress)
         bs, qd = args.random_bs, args.qd
-        nops = max(qd * 16, min(args.random_ops, size // bs * 4))
+        nops = random_nops(args)
         b.prepare_rep = lambda: drop_cache(args.file)
         workers = max(1, min(qd, args.random_threads))
         rimpls = [
