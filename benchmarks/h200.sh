@@ -23,7 +23,11 @@ if has setup && [ "$(cat $SITE/.phx-stamp 2>/dev/null)" = "$STAMP" ]; then
 elif has setup; then
     t0=$(date +%s)
     if ls .whl/*.whl >/dev/null 2>&1; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+        # one at a time: a wheel for another Python is said and left out, not the end of the run
+        for w in .whl/*.whl; do
+            python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$w" \
+                || echo "setup: $(basename "$w") left out (not installable here)"
+        done
     fi
     # the build uses the carried setuptools (SPDX license expressions need >= 77)
     PYTHONPATH=/tmp/site python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target "$SITE" . 2>&1 | tail -5 || exit 1

@@ -17,7 +17,7 @@ import tempfile
 import pytest
 
 from phoenix.bench import fastdev
-from phoenix.bench.sweep import SWEEP_QD, select_sweep, sweep_grid
+from phoenix.bench.sweep import PHOENIX_GRID, SWEEP_QD, pick_phoenix, select_sweep, sweep_grid
 from phoenix.bench.throughput import planned_steps, sequential_plan
 
 LABEL = "loop device over RAM (stand-in for a fast NVMe array)"
@@ -81,6 +81,16 @@ ENV = dict(os.environ, PHX_VENDOR="host")
 
 
 # -- the sweep's selection ----------------------------------------------------------------
+
+
+def test_pick_phoenix_prefers_less_cpu_among_the_fastest():
+    pts = [
+        {"gbps": 8.0, "cpu_s_per_gb": 0.04},
+        {"gbps": 7.9, "cpu_s_per_gb": 0.01},  # within 3%: less CPU wins
+        {"gbps": 7.0, "cpu_s_per_gb": 0.001},  # too slow, however cheap
+    ]
+    assert pick_phoenix(pts) is pts[1]
+    assert pick_phoenix(pts[:1]) is pts[0] and pick_phoenix([]) is None
 
 
 def test_select_sweep_best_and_at_concurrency():
@@ -184,9 +194,13 @@ def test_fast_device_run_is_labelled_and_leaves_nothing(tmp_path):
         assert best[0]["reps"] == 1 and len(best[0]["runs_s"]) == 1  # re-measured in the repetitions
         psweep = [r for r in recs if r["impl"] == "phoenix_sweep" and r["op"] == op]
         (phx,) = [r for r in recs if r["impl"] == "phoenix" and r["op"] == op]
-        assert len(psweep) == 4 and phx["best_of_sweep"]
-        top = max(psweep, key=lambda r: r["gbps"])
-        assert (phx["threads"], phx["chunk"]) == (top["threads"], top["chunk"])
+        assert len(psweep) == len(PHOENIX_GRID) + 1 and phx["best_of_sweep"]
+        pick = pick_phoenix(psweep)
+        assert (phx["workers"], phx["chunk"], phx["queue_depth"]) == (
+            pick["threads"],
+            pick["chunk"],
+            pick["queue_depth"],
+        )
         assert "4" in best[0]["at_concurrency"]  # phoenix's 4 threads x 4 MiB is in the grid
         assert any(r["impl"] == "phoenix" and r["op"] == op for r in recs)
     assert (tmp_path / "fd.png").stat().st_size > 0

@@ -337,7 +337,7 @@ def main(args) -> int:
     records: list[dict] = []
     try:
         need = args.size + args.write_size
-        with fastdev.directory(args, fastdev.needed(need, "ext4"), quiet=args.quiet) as where:
+        with fastdev.directory(args, need, quiet=args.quiet) as where:
             if where:
                 args.file = os.path.join(where, os.path.basename(args.file))
                 args.write_file = os.path.join(where, os.path.basename(args.write_file))

@@ -44,14 +44,41 @@ def sweep_grid(args, op: str) -> list[tuple[int, int]]:
     return sorted(pts)
 
 
-def phoenix_grid(args, op: str) -> list[tuple[int, int]]:
-    """The points phoenix is swept over (``--phoenix-sweep``, sequential ops only): the raw
-    grid's. Phoenix's threads are its workers (io_uring: each keeps up to ``queue_depth``
-    chunks in flight), so the same numbers are not the same concurrency: each side's best
-    is what is compared."""
+#: phoenix's sweep: (workers, chunks in flight per worker, chunk size). A device that slows
+#: down under deep queues (a loop device) wants few bytes in flight; one io_uring worker
+#: keeps its queue depth in flight on its own.
+PHOENIX_GRID = tuple(
+    [(1, q, c) for q in (8, 16, 32) for c in (1 << 20, 4 << 20)]
+    + [(4, q, c) for q in (2, 4) for c in (1 << 20, 4 << 20)]
+)
+#: phoenix's pick: of the points within this fraction of the fastest, the one with the least CPU
+CPU_TIE = 0.03
+
+
+def phoenix_grid(args, op: str) -> list[tuple[int, int, int]]:
+    """The (workers, queue depth, chunk) points phoenix is swept over (``--phoenix-sweep``,
+    sequential ops only): :data:`PHOENIX_GRID` and phoenix's own --threads at --chunk with
+    its default queue depth (0)."""
     if op == "randread" or not getattr(args, "phoenix_sweep", False):
         return []
-    return sweep_grid(args, op)
+    if not getattr(args, "raw_sweep", False) or "cold" not in args.temperature or op not in args.ops:
+        return []
+    return sorted(set(PHOENIX_GRID) | {(t, 0, args.chunk) for t in args.threads})
+
+
+def phoenix_config_text(workers: int, qd: int, chunk: int) -> str:
+    c = f"{chunk >> 20} MiB" if chunk >= 1 << 20 else f"{chunk >> 10} KiB"
+    q = f"{qd} in flight each" if qd else "default queue depth"
+    return f"{workers} worker{'s' if workers != 1 else ''} x {q} x {c}"
+
+
+def pick_phoenix(points: list[dict]) -> dict | None:
+    """The fastest point, or of those within :data:`CPU_TIE` of it the one with the least CPU."""
+    if not points:
+        return None
+    top = max(p["gbps"] for p in points)
+    near = [p for p in points if p["gbps"] >= top * (1 - CPU_TIE)]
+    return min(near, key=lambda p: p["cpu_s_per_gb"])
 
 
 def select_sweep(points: list[dict], threads: int, chunk: int) -> tuple[dict | None, dict | None]:
@@ -70,38 +97,53 @@ def config_text(threads: int, chunk: int, random: bool = False) -> str:
     return f"{threads} in flight x {c}" if random else f"{threads} thread{'s' if threads != 1 else ''} x {c}"
 
 
-def sweep(b, op: str, progress) -> tuple[dict | None, tuple[int, int] | None]:
+def sweep(b, op: str, progress) -> tuple[dict | None, tuple[int, int, int] | None]:
     """Sweep ``op`` (raw over :func:`sweep_grid`, phoenix over :func:`phoenix_grid`,
     interleaved per point): a ``raw_sweep`` / ``phoenix_sweep`` record per point. Returns
-    (raw's best point with ``best_of`` and ``at_concurrency`` filled in, phoenix's best
-    (threads, chunk) or None)."""
+    (raw's best point with ``best_of`` and ``at_concurrency`` filled in, phoenix's pick
+    (:func:`pick_phoenix`) as (workers, chunk, queue depth; 0: the default) or None)."""
     args = b.args
     size = args.size
     rand = op == "randread"
     nops = random_nops(args) if rand else 0
     b.prepare_rep = lambda: drop_cache(args.file)
-    raw_grid, phx_grid = sweep_grid(args, op), set(phoenix_grid(args, op))
+    raw_grid, phx_grid = sweep_grid(args, op), phoenix_grid(args, op)
     raw_pts, phx_pts = [], []
-    for t, c in sorted(set(raw_grid) | phx_grid):
-        what = config_text(t, c, rand)
-        if (t, c) in raw_grid:
+    for i in range(max(len(raw_grid), len(phx_grid))):  # the two sweeps interleaved, point by point
+        if i < len(raw_grid):
+            t, c = raw_grid[i]
+            what = config_text(t, c, rand)
             progress.step(f"sweep {op} raw O_DIRECT {what}")
             nbytes, secs, cpu, _ = b.timed(lambda t=t, c=c: b._raw(op == "write", rand, size, c, t, nops), 1)
             extra = {"iops": nops / secs} if rand else {}
             raw_pts.append(
                 b.record(op, "raw_sweep", False, nbytes, secs, cpu, t, c, cache="cold", reps=1, config=what, **extra)
             )
-        if (t, c) in phx_grid:
+        if i < len(phx_grid):
+            w, q, c = phx_grid[i]
+            what = phoenix_config_text(w, q, c)
             progress.step(f"sweep {op} phoenix {what}")
-            b.prepare_phoenix(t, c)  # its worker pool and bounce pool, untimed
-            fn = (
-                (lambda t=t, c=c: b._phoenix_write(size, t, c))
-                if op == "write"
-                else (lambda t=t, c=c: b._phoenix_read(size, t, c))
-            )
+            b.prepare_phoenix(w, c, q)  # its worker pool and bounce pool, untimed
+            if op == "write":
+                fn = lambda w=w, c=c, q=q: b._phoenix_write(size, w, c, q)  # noqa: E731
+            else:
+                fn = lambda w=w, c=c, q=q: b._phoenix_read(size, w, c, q)  # noqa: E731
             nbytes, secs, cpu, _ = b.timed(fn, 1)
             phx_pts.append(
-                b.record(op, "phoenix_sweep", False, nbytes, secs, cpu, t, c, cache="cold", reps=1, config=what)
+                b.record(
+                    op,
+                    "phoenix_sweep",
+                    False,
+                    nbytes,
+                    secs,
+                    cpu,
+                    w,
+                    c,
+                    cache="cold",
+                    reps=1,
+                    config=what,
+                    queue_depth=q,
+                )
             )
     best, _ = select_sweep(raw_pts, 0, 0)
     if best is not None:
@@ -111,5 +153,5 @@ def sweep(b, op: str, progress) -> tuple[dict | None, tuple[int, int] | None]:
             if p is not None:
                 at[str(t)] = {"config": p["config"], "gbps": p["gbps"], **({"iops": p["iops"]} if rand else {})}
         best = dict(best, best_of=len(raw_pts), at_concurrency=at, sweep_gbps=best["gbps"])
-    pbest, _ = select_sweep(phx_pts, 0, 0)
-    return best, ((pbest["threads"], pbest["chunk"]) if pbest else None)
+    pbest = pick_phoenix(phx_pts)
+    return best, ((pbest["threads"], pbest["chunk"], pbest["queue_depth"]) if pbest else None)

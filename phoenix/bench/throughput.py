@@ -41,7 +41,7 @@ from .report import FONT, IMPLS, legend, plain_log_axis, plot, report, table  # 
 from .sweep import (
     SWEEP_CHUNKS,
     SWEEP_THREADS,
-    config_text,
+    phoenix_config_text,
     phoenix_grid,
     random_nops,
     sweep,
@@ -78,6 +78,11 @@ class Progress:
     def done(self):
         if self.tty and not self.quiet:
             sys.stderr.write("\r\033[K")
+
+
+def _phx_settings(threads: int, chunk: int, qd: int = 0) -> dict:
+    """Phoenix's settings for a bench point (qd 0: the queue depth setting as it is)."""
+    return {"threads": threads, "chunk_size": chunk, **({"queue_depth": qd} if qd else {})}
 
 
 class Bench:
@@ -118,11 +123,11 @@ class Bench:
         if wait is not None:
             wait()
 
-    def prepare_phoenix(self, threads: int, chunk: int) -> None:
+    def prepare_phoenix(self, threads: int, chunk: int, qd: int = 0) -> None:
         """Phoenix's worker pool (threads, rings, streams) for these settings, made and its
         whole bounce pool pinned before timing, as an application does at start; kept
         until the settings change."""
-        with self.phoenix.settings.override(threads=threads, chunk_size=chunk):
+        with self.phoenix.settings.override(**_phx_settings(threads, chunk, qd)):
             self.pio.prepare()
 
     def close(self):
@@ -201,13 +206,13 @@ class Bench:
             self.dp, self.device, self.dev, self.args.file, random, size, chunk, threads, nops, odirect
         )
 
-    def _phoenix_read(self, size, threads, chunk):
-        with self.phoenix.settings.override(threads=threads, chunk_size=chunk):
+    def _phoenix_read(self, size, threads, chunk, qd=0):
+        with self.phoenix.settings.override(**_phx_settings(threads, chunk, qd)):
             with self.phoenix.open(self.args.file, "r") as f:
                 return f.read((self.dev, size), size, 0, 0)
 
-    def _phoenix_write(self, size, threads, chunk):
-        with self.phoenix.settings.override(threads=threads, chunk_size=chunk):
+    def _phoenix_write(self, size, threads, chunk, qd=0):
+        with self.phoenix.settings.override(**_phx_settings(threads, chunk, qd)):
             with self.phoenix.open(self.args.file, "r+", sync=False) as f:
                 n = f.write((self.dev, size), size, 0, 0)
                 f.fsync()
@@ -326,7 +331,7 @@ def planned_steps(args, plan, kvikio: bool, vendor: str) -> int:
         for bs in random_sizes(args):
             a = _with_bs(args, bs)
             steps += 1 + (3 + bool(sweep_grid(a, "randread"))) * args.reps + len(sweep_grid(a, "randread"))
-    steps += sum(len(set(sweep_grid(args, op)) | set(phoenix_grid(args, op))) for op in ("read", "write"))
+    steps += sum(len(sweep_grid(args, op)) + len(phoenix_grid(args, op)) for op in ("read", "write"))
     return steps + (vendor != "host")
 
 
@@ -447,8 +452,11 @@ def run(args, records: list[dict] | None = None) -> list[dict]:
             if not warm and op not in best:
                 best[op] = sweep(b, op, progress)
             raw_best, phx_best = best.get(op, (None, None)) if not warm else (None, None)
+            q = 0
+            pt = threads  # the peers' threads: phoenix's chunks in flight (workers x queue depth)
             if phx_best:
-                threads, c = phx_best
+                threads, c, q = phx_best
+                pt = threads * q if q else threads
             b.prepare_rep = (lambda: warm_cache(args.file, size)) if warm else (lambda: drop_cache(args.file))
             impls = []
             if raw_best:  # raw at its best configuration, re-measured beside the others
@@ -458,28 +466,28 @@ def run(args, records: list[dict] | None = None) -> list[dict]:
                 impls.append(
                     (
                         "raw_odirect" if not warm else "raw_buffered",
-                        lambda t=threads, w=warm, c=c: b._raw(False, False, size, c, t, odirect=not w),
+                        lambda t=pt, w=warm, c=c: b._raw(False, False, size, c, t, odirect=not w),
                     )
                 )
-                impls.append(("naive", lambda t=threads, w=warm, c=c: b._naive(False, size, c, t, odirect=not w)))
-                impls.append(("phoenix", lambda t=threads, c=c: b._phoenix_read(size, t, c)))
+                impls.append(("naive", lambda t=pt, w=warm, c=c: b._naive(False, size, c, t, odirect=not w)))
+                impls.append(("phoenix", lambda t=threads, c=c, q=q: b._phoenix_read(size, t, c, q)))
             else:
-                impls.append(("raw_odirect", lambda t=threads, c=c: b._raw(True, False, size, c, t)))
-                impls.append(("phoenix", lambda t=threads, c=c: b._phoenix_write(size, t, c)))
+                impls.append(("raw_odirect", lambda t=pt, c=c: b._raw(True, False, size, c, t)))
+                impls.append(("phoenix", lambda t=threads, c=c, q=q: b._phoenix_write(size, t, c, q)))
             if kv_ok:
-                impls.append(("kvikio", lambda t=threads, o=op, c=c: b._kvikio(o, size, t, min(c, 16 << 20))))
+                impls.append(("kvikio", lambda t=pt, o=op, c=c: b._kvikio(o, size, t, min(c, 16 << 20))))
             # untimed warm-up of each library's machinery (thread pools, pinned bounce buffers),
             # the same amount for each: two chunks per thread, as much as a pool holds
-            warm_n = min(size, 2 * threads * c)
+            warm_n = min(size, 2 * pt * c)
             if kv_ok:
                 try:  # a peer that fails must not stop phoenix's own figures
-                    b._kvikio(op, warm_n, threads, min(c, 16 << 20))
+                    b._kvikio(op, warm_n, pt, min(c, 16 << 20))
                 except Exception as exc:
                     print(f"kvikio failed, left out: {type(exc).__name__}: {exc}", file=sys.stderr)
                     impls.pop()
                     progress.total -= 1 + args.reps  # its warm-up and repetitions are not run
-            b.prepare_phoenix(threads, c)
-            b._phoenix_read(warm_n, threads, c)
+            b.prepare_phoenix(threads, c, q)
+            b._phoenix_read(warm_n, threads, c, q)
             b.settle()  # (its page-cache registration, if any, must not overlap a timed read)
             for impl, fn in impls:
                 if warm or impl == "kvikio":
@@ -499,12 +507,15 @@ def run(args, records: list[dict] | None = None) -> list[dict]:
                 if impl == "raw_best":
                     _best_record(b, raw_best, nbytes, secs, cpu, runs_s)
                     continue
-                extra = (
-                    {"config": config_text(threads, c), "best_of_sweep": True} if phx_best and impl == "phoenix" else {}
-                )
-                b.record(
-                    op, impl, warm, nbytes, secs, cpu, threads, c, cache=temp, reps=len(runs_s), runs_s=runs_s, **extra
-                )
+                extra = {}
+                if phx_best and impl == "phoenix":
+                    extra = {
+                        "config": phoenix_config_text(threads, q, c),
+                        "best_of_sweep": True,
+                        "queue_depth": q,
+                        "workers": threads,
+                    }
+                b.record(op, impl, warm, nbytes, secs, cpu, pt, c, cache=temp, reps=len(runs_s), runs_s=runs_s, **extra)
         if "randread" in ops:
             for bs in random_sizes(args):
                 _random(b, _with_bs(args, bs), progress)

@@ -95,6 +95,7 @@ def take_debug(argv: Sequence[str]) -> tuple[list[str], bool]:
 
 def guarded(prog: str, fn: Callable[[], int | None], *, debug: bool = False) -> int:
     """Run ``fn()``; its exit status, or 2 with one line on stderr for a user's mistake."""
+    _parsed_prog.clear()  # a parser of an earlier run in this process does not name this one
     try:
         rc = fn()
     except KeyboardInterrupt:
