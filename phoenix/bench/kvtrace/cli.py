@@ -464,6 +464,8 @@ def main(args) -> int:
             why = "an interrupt" if isinstance(exc, KeyboardInterrupt) else "an error (the last line says which)"
             print(f"stopped by {why} after {len(records)} points; the points before it:")
             print(table(records))
+            if args.plot:  # a run cut by a time limit still draws what it measured
+                print(plot(records, args.plot, _title(records, f" [{args.label}]" if args.label else "")))
         raise
     print(table(records))
     if records and records[0]["test_double"]:
