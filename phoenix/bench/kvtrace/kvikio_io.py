@@ -6,7 +6,8 @@ data path, in KvikIO's own thread pool. What a KvikIO user does today, with its 
 * compat mode ON (POSIX I/O, no GDS), ``num_threads`` ``--kvikio-threads`` (default 16) and
   ``task_size`` ``--kvikio-task`` (default 4M), set with ``kvikio.defaults.set`` around each
   point (the files are opened inside, as compat mode is taken at open);
-* a load from the SSD tier: ``CuFile(path, "r+").pread(view, size, offset)`` into a CuPy view
+* a load from the SSD tier: ``CuFile(path, "r").pread(view, size, offset)`` (``"r+"`` for the
+  file of demoted blocks, which is written too) into a CuPy view
   of the HBM block (``cupy.cuda.UnownedMemory`` + ``MemoryPointer`` + ``ndarray``: no copy,
   no allocation), the future waited before attention, as for phoenix;
 * a write of a block evicted from DRAM: ``CuFile.pwrite`` from a NumPy view of the pinned
@@ -80,10 +81,10 @@ def info(threads: int, task_size: int) -> dict:
     }
 
 
-def open_file(path: str):
+def open_file(path: str, flags: str):
     import kvikio
 
-    return kvikio.CuFile(path, "r+")
+    return kvikio.CuFile(path, flags)
 
 
 def device_array(ptr: int, nbytes: int, device: int, owner=None):

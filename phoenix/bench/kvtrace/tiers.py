@@ -239,7 +239,11 @@ class Slab:
         elif config == "kvikio":
             from . import kvikio_io
 
-            self.files = {p: kvikio_io.open_file(p) for p in (self.hist_path, self.path)}
+            # the history is only read; demoted blocks are written to the other file and read back
+            self.files = {
+                self.hist_path: kvikio_io.open_file(self.hist_path, "r"),
+                self.path: kvikio_io.open_file(self.path, "r+"),
+            }
         elif config == "staged":
             for p in (self.hist_path, self.path):
                 try:
