@@ -227,15 +227,17 @@ def _tier_records(label, scale):
 
 def test_plot_subcommand_draws_one_column_per_tier(tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="the plot needs matplotlib")
-    from phoenix.cli.phx import main
-
     files = []
     for name, scale in (("virtio disk", 1.0), ("loop device over RAM", 0.3), ("tmpfs", 0.2)):
         path = tmp_path / f"{name.split()[0]}.json"
         path.write_text(json.dumps(_tier_records(name, scale)))
         files.append(str(path))
     out = tmp_path / "tiers.png"
-    assert main(["bench", "kv-trace", "plot", *files, "--out", str(out)]) == 0
+    # in-process through the subcommand's parser (phx's main would leave its prog behind for later tests)
+    parser = argparse.ArgumentParser()
+    kvtrace.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["kv-trace", "plot", *files, "--out", str(out)])
+    assert args.func is kvtrace.main_plot and args.func(args) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     said = capsys.readouterr().out
     assert f"plot written to {out}" in said and "virtio.json: most concurrent sessions" in said

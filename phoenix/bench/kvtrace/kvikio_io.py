@@ -24,10 +24,9 @@ module marked ``IS_TEST_DOUBLE`` (tests/kvikio_double.py), which copies through 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 
 import numpy as np
-
-from .tiers import host_view
 
 HINT = "install KvikIO and CuPy for this CUDA (e.g. pip install kvikio-cu12 cupy-cuda12x), or leave kvikio out of --configs"
 
@@ -97,4 +96,4 @@ def device_array(ptr: int, nbytes: int, device: int, owner=None):
 
 def host_array(ptr: int, nbytes: int):
     """A NumPy uint8 view of ``nbytes`` of (pinned) host memory at ``ptr``."""
-    return np.frombuffer(host_view(ptr, nbytes), dtype=np.uint8)
+    return np.frombuffer((ctypes.c_char * nbytes).from_address(ptr), dtype=np.uint8)
