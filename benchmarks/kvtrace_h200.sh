@@ -3,8 +3,8 @@
 #   PYTHONPATH=<phoenix installed, e.g. /tmp/phx-site:/tmp/site> OUT=<dir> benchmarks/kvtrace_h200.sh [stages...]
 #   stages: smoke disk loop tmpfs plot   (default: all of them, in that order)
 # Where a command may run 10 minutes at most, run one tier per command (each stage stops itself
-# before: PHX_KV_STAGE_TIMEOUT, 570 s; the JSON is written after every point, so what finished is kept):
-#   ... kvtrace_h200.sh smoke disk;  ... kvtrace_h200.sh loop;  ... kvtrace_h200.sh tmpfs plot
+# before: PHX_KV_STAGE_TIMEOUT, 540 s; the JSON is written after every point, so what finished is kept):
+#   ... kvtrace_h200.sh smoke;  ... disk;  ... loop;  ... tmpfs plot        (~1 + 3 x 9.5 minutes)
 # Expects phoenix importable (PYTHONPATH set by the caller, as benchmarks/h200.sh's setup stage
 # leaves it), KvikIO and CuPy for the kvikio configuration, torch (else CuPy) for the prefill
 # compute; PHX_VENDOR=nvidia. Writes under $OUT: kvtrace-{smoke,disk,loop,tmpfs}.{json,log},
@@ -27,20 +27,24 @@
 # Simulated: the trace (seeded, 64 sessions), think times x0.1, token counts x0.25.
 #
 # Each point runs >= 5 s and until it has 200 TTFT samples (--min-samples), at most
-# PHX_KV_MAX_DURATION (30 s; a point stopped there says samples_short); p99 comes with a bootstrap
+# PHX_KV_MAX_DURATION (40 s; a point stopped there says samples_short); p99 comes with a bootstrap
 # 95% CI; a configuration whose p99 CI is wholly over 3 x the 5 s threshold is not run at higher
-# concurrencies (--stop-over 3). Time per stage ~ sum over points of max(5 s, 200 / QPS) + ~1 s of
-# warm-up, plus the slab's history write once (41 GiB: ~20 s on the disk, ~10 s in RAM). From the
-# 2026-12-03 records: an unloaded session does ~2.9 rounds/s (QPS ~2.9 x sessions), so the 4 configs
-# at 2, 4, 6, 8 sessions take 4 x (35 + 17 + 12 + 9) ~ 300 s on any tier; saturated QPS is ~6 (dram),
-# ~13-16 (staged, phoenix) on the RAM tiers and ~4-6 on the disk, so each higher concurrency takes
-# ~33 + 3 x 14 ~ 75 s on loop and tmpfs and 4 x 30 (capped) ~ 120 s on the disk:
-#   loop, tmpfs: ~300 + 5 x 75 - stop-over skips ~ 9-11 min;  disk: ~300 + 5 x 120 - skips (p99 over
-#   15 s from ~24 sessions) ~ 11-13 min.
-# The stage timeout (570 s) then cuts the top of the grid, evenly for every configuration (points
-# run concurrency-major). To fit ~8 minutes per tier: PHX_KV_CONC=2,4,8,12,16,24,32,48 (-75 s),
-# PHX_KV_MAX_DURATION=20, or PHX_KV_TIME_SCALE=0.05 (halves the unsaturated points; more load
-# per session).
+# concurrencies (--stop-over 3). Points run concurrency-major (all configurations at 2, then 4, ...).
+#
+# Time per stage ~ sum over points of max(5 s, 200 / QPS, capped at 40 s) + ~1 s of warm-up each,
+# plus the history written once (41 GiB: ~20 s on the disk, ~10 s in RAM). From the 2026-12-03
+# records: an unloaded session does ~2.9 rounds/s (QPS ~2.9 x sessions), so the 4 configurations at
+# 2, 4, 6, 8 sessions take 4 x (35 + 17 + 12 + 9) ~ 300 s on any tier (the disk saturates from 8:
+# +80 s). Saturated QPS is ~6 (dram), ~13-16 (staged, phoenix) on the RAM tiers and ~4-6 on the
+# disk, so each higher concurrency (12, 16, 24, 32, 48) takes ~33 + 3 x 14 ~ 75 s on loop and tmpfs
+# and ~33 + 3 x 40 ~ 150 s on the disk (less where --stop-over skips):
+#   loop, tmpfs: ~300 + 5 x 75 - skips ~ 10-11 min;   disk: ~380 + 5 x 150 - skips ~ 13-16 min.
+# A stage stops itself at PHX_KV_STAGE_TIMEOUT (540 s: one stage per 10-minute command), which
+# cuts the top of the grid evenly for every configuration: expect loop and tmpfs through ~24
+# sessions, the disk through ~12-16 (its limits were <= 8 on 2026-12-03). To reach 48 within ~8
+# minutes a tier: PHX_KV_TIME_SCALE=0.05 (halves the unsaturated points; twice the load per
+# session, so the limits move down the grid), or a longer PHX_KV_STAGE_TIMEOUT where commands
+# may run longer.
 set -uo pipefail
 OUT=${OUT:-/tmp/phx-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 # run from $OUT, not the source tree: `python -m` puts the working directory first on sys.path,
@@ -56,21 +60,21 @@ PY=${PYTHON:-python3}
 $PY -c 'import phoenix, phoenix.bench.kvtrace; print("phoenix from", phoenix.__file__)' || { echo "phoenix is not importable: set PYTHONPATH"; exit 2; }
 
 CONC=${PHX_KV_CONC:-2,4,6,8,12,16,24,32,48}
-STAGE_TIMEOUT=${PHX_KV_STAGE_TIMEOUT:-570}
+STAGE_TIMEOUT=${PHX_KV_STAGE_TIMEOUT:-540}
 COMMON=(--layers 32 --kv-heads 8 --head-dim 128 --q-heads 32 --ffn 14336 --dtype fp16 --block-tokens 256
         --hbm "${PHX_KV_HBM:-6G}" --dram "${PHX_KV_DRAM:-4G}" --ssd "${PHX_KV_SSD:-12G}"
         --sessions 64 --seed 0 --token-scale "${PHX_KV_TOKEN_SCALE:-0.25}" --time-scale "${PHX_KV_TIME_SCALE:-0.1}"
         --warm-start 0.4 --threshold 5 --prefill-chunk 4096
         --configs "${PHX_KV_CONFIGS:-dram,staged,kvikio,phoenix}" --kvikio-threads 16 --kvikio-task 4M
         --duration "${PHX_KV_DURATION:-5}" --min-samples "${PHX_KV_MIN_SAMPLES:-200}"
-        --max-duration "${PHX_KV_MAX_DURATION:-30}" --stop-over "${PHX_KV_STOP_OVER:-3}")
+        --max-duration "${PHX_KV_MAX_DURATION:-40}" --stop-over "${PHX_KV_STOP_OVER:-3}")
 
 # one tier: NAME TIMEOUT CONCURRENCY ARGS...; SIGINT at the timeout (the run reports what finished,
-# removes its slab and tears a fast device down), SIGKILL 60 s later
+# removes its slab and tears a fast device down), SIGKILL 30 s later
 tier() {
     local name=$1 limit=$2 conc=$3; shift 3
     local t0; t0=$(date +%s)
-    timeout -s INT -k 60 "$limit" $PY -m phoenix.cli.phx bench kv-trace "${COMMON[@]}" --concurrency "$conc" "$@" \
+    timeout -s INT -k 30 "$limit" $PY -m phoenix.cli.phx bench kv-trace "${COMMON[@]}" --concurrency "$conc" "$@" \
         --json "$OUT/kvtrace-$name.json" --plot "$OUT/kvtrace-$name.png" > "$OUT/kvtrace-$name.log" 2>&1
     echo "$name rc=$? ($(( $(date +%s) - t0 )) s)"; grep -E '^(most concurrent|WARNING|VERIFICATION)' "$OUT/kvtrace-$name.log" | head -20
     tail -3 "$OUT/kvtrace-$name.log"
