@@ -198,11 +198,40 @@ def test_python_m_phxloader_points_to_the_bench():
 
 def test_kv_trace_mistakes(tmp_path):
     p = _run_cmd(PHX + ["bench", "kv-trace", "--configs", "dram,fast"])
-    assert_one_line(p, "phx bench kv-trace", "--configs", "'fast'", "dram, staged, phoenix")
+    assert_one_line(p, "phx bench kv-trace", "--configs", "'fast'", "dram, staged, kvikio, phoenix")
     p = _run_cmd(PHX + ["bench", "kv-trace", "--dry-run", "--slab", str(tmp_path / "s")], env={"PHX_VENDOR": "nosuch"})
     assert_one_line(p, "phx bench kv-trace", "'nosuch'", "PHX_VENDOR")
     p = _run_cmd(PHX + ["bench", "kv-trace", "--trace", str(tmp_path / "none.jsonl")])
     assert_one_line(p, "phx bench kv-trace", "--trace", "no such file", "kv-trace gen")
+
+
+@pytest.mark.parametrize(
+    "extra, names",
+    [
+        (["--min-samples", "-1"], ["--min-samples", "'-1'", "at least 0"]),
+        (["--min-samples", "many"], ["--min-samples", "'many'", "whole number"]),
+        (["--max-duration", "0"], ["--max-duration", "more than 0"]),
+        (["--stop-over", "0.5"], ["--stop-over", "'0.5'", "0 (off) or at least 1"]),
+        (["--kvikio-threads", "0"], ["--kvikio-threads", "at least 1"]),
+        (["--kvikio-task", "0"], ["--kvikio-task", "more than 0"]),
+        (["--fast-device", "lots"], ["--fast-device", "'lots'", "not a size"]),
+        (["--duration", "5", "--max-duration", "2"], ["--max-duration 2", "shorter than --duration 5"]),
+    ],
+)
+def test_kv_trace_bad_option_values(tmp_path, extra, names):
+    p = _run_cmd(PHX + ["bench", "kv-trace", "--dry-run", "--slab", str(tmp_path / "s"), *extra])
+    assert_one_line(p, "phx bench kv-trace", *names)
+
+
+def test_kv_trace_kvikio_where_it_cannot_run(tmp_path):
+    try:
+        import kvikio  # noqa: F401
+
+        pytest.skip("kvikio is importable here")
+    except ImportError:
+        pass
+    p = _run_cmd(PHX + ["bench", "kv-trace", "--dry-run", "--slab", str(tmp_path / "s"), "--configs", "kvikio"])
+    assert_one_line(p, "phx bench kv-trace", "--configs kvikio", "kvikio is not importable", "install KvikIO")
 
 
 def test_info_with_a_bad_engine_setting():

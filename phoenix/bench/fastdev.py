@@ -47,8 +47,9 @@ def _sh(*cmd: str, timeout: float = 120) -> str:
     return p.stdout.strip()
 
 
-def check(dev_size: int, file_size: int, fs: str = "ext4", shm: str = SHM) -> None:
-    """Refuse, with what is needed, a fast device that cannot be set up here."""
+def check(dev_size: int, file_size: int, fs: str = "ext4", shm: str = SHM, what: str | None = None) -> None:
+    """Refuse, with what is needed, a fast device that cannot be set up here (``what``: the
+    files it is for, as the error names them; default a ``--size`` bench file)."""
     need = "--fast-device needs"
     if os.geteuid() != 0:
         raise PermissionError(errno.EPERM, f"{need} root (losetup, mkfs and mount); run as root or drop --fast-device")
@@ -65,7 +66,8 @@ def check(dev_size: int, file_size: int, fs: str = "ext4", shm: str = SHM) -> No
     want = needed(file_size, fs)
     if dev_size < want:
         raise ValueError(
-            f"--fast-device {_size_text(dev_size)} cannot hold a --size {_size_text(file_size)} bench file on {fs}: "
+            f"--fast-device {_size_text(dev_size)} cannot hold "
+            f"{what or f'a --size {_size_text(file_size)} bench file'} on {fs}: "
             f"give --fast-device {-(-want // 2**20)}M or more"
         )
     try:
@@ -245,31 +247,48 @@ def _read(path: str) -> str | None:
         return None
 
 
-def add_argument(p, files: str) -> None:
-    """The ``--fast-device SIZE`` option of a bench subcommand that puts ``files`` there."""
+def auto_size(need: int) -> int:
+    """A device for ``need`` bytes of files on ext4, rounded up to 256 MiB."""
+    q = 256 << 20
+    return -(-needed(need, "ext4") // q) * q
+
+
+def add_argument(p, files: str, auto: bool = False) -> None:
+    """The ``--fast-device SIZE`` option of a bench subcommand that puts ``files`` there
+    (``auto``: ``--fast-device auto`` too, sized by :func:`directory` for the files)."""
     from ..cli._run import positive_size
 
+    def size_or_auto(text: str):
+        if auto and text.strip().lower() == "auto":
+            return "auto"
+        return positive_size(text)
+
+    size_or_auto.__name__ = "size"
     p.add_argument(
         "--fast-device",
-        type=positive_size,
-        metavar="SIZE",
+        type=size_or_auto,
+        metavar="SIZE" + ("|auto" if auto else ""),
         help=f"put {files} on a {LABEL}: a SIZE file in {SHM}, a loop device over it with direct I/O on, "
-        "ext4 on it; all of it torn down at the end (root; needs SIZE of free RAM in /dev/shm)",
+        "ext4 on it; all of it torn down at the end (root; needs SIZE of free RAM in /dev/shm)"
+        + ("; auto: as large as they need" if auto else ""),
     )
 
 
 @contextlib.contextmanager
-def directory(args, need: int, quiet: bool = False):
-    """With ``args.fast_device``: a :class:`FastDevice` (ext4) of that size, checked to hold
-    ``need`` bytes of files, yielding its mounted directory and setting ``args.fast_device_info``
+def directory(args, need: int, quiet: bool = False, what: str | None = None):
+    """With ``args.fast_device``: a :class:`FastDevice` (ext4) of that size (``auto``:
+    :func:`auto_size` of ``need``), checked to hold ``need`` bytes of files (``what``, as an
+    error names them), yielding its mounted directory and setting ``args.fast_device_info``
     (records carry it); without: yields None. Torn down on exit, error or signal."""
     size = getattr(args, "fast_device", None)
     if not size:
         yield None
         return
+    if size == "auto":
+        size = auto_size(need)
     if pick_fs("ext4") != "ext4" or shutil.which("mkfs.ext4") is None:
         raise FileNotFoundError(errno.ENOENT, "--fast-device here needs mkfs.ext4 (e2fsprogs) on PATH")
-    check(size, need, "ext4")
+    check(size, need, "ext4", what=what)
     with FastDevice(size, "ext4") as dev:
         args.fast_device_info = dev.info()
         if not quiet:

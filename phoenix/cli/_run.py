@@ -122,7 +122,10 @@ def run_main(prog: str, main: Callable[[list[str]], int | None], argv: Sequence[
     ``main(argv)`` :func:`guarded`. Errors name the innermost subcommand parsed."""
     argv, debug = take_debug(sys.argv[1:] if argv is None else argv)
     _parsed_prog.clear()
-    return guarded(prog, lambda: main(argv), debug=debug)
+    try:
+        return guarded(prog, lambda: main(argv), debug=debug)
+    finally:  # an in-process caller (a test, a wrapper) must not find this command's name later
+        _parsed_prog.clear()
 
 
 def _prog(default: str) -> str:

@@ -1,12 +1,14 @@
-"""``phx bench kv-trace``: replay an agentic KV-cache trace through DRAM-only, staged-SSD and phoenix tiers.
+"""``phx bench kv-trace``: replay an agentic KV-cache trace through DRAM-only, staged-SSD, KvikIO and phoenix tiers.
 
 Benchmark side (control plane): this package imports the library, the library never imports it.
 What is real and what is simulated:
 
 * **Real**: device memory of the selected vendor (the HBM tier), pinned host memory from
   the vendor runtime (the DRAM tier), a slab file (the SSD tier) read through phoenix
-  (``phoenix``) or through the naive staged loop (``staged``: ``pread`` into pinned host
-  memory, then a synchronous host->device copy), the host<->device copies of promotion and
+  (``phoenix``), through KvikIO in compat mode (``kvikio``: its ``CuFile.pread`` into a CuPy
+  view of the HBM block, in its thread pool; ``kvikio_io``) or through the naive staged loop
+  (``staged``: ``pread`` into pinned host memory, then a synchronous host->device copy),
+  the host<->device copies of promotion and
   demotion, the writes of evicted blocks, and the prefill compute: matrix products and
   attention of the model's shape for every uncached token (torch on cuda, else CuPy, on a
   GPU; NumPy on the CPU with the host vendor, a CPU stand-in).
@@ -28,6 +30,13 @@ Tiers (blocks of ``--block-tokens`` tokens; LRU in each tier; lower tiers are in
   there), one evicted from DRAM is written to the SSD slab (``dram``: dropped, recomputed when
   needed again). Demotion runs on the path of the round that needs the space.
 
+A point (configuration, concurrency) runs ``--duration`` seconds and, with ``--min-samples N``,
+until it has N TTFTs (at most ``--max-duration``); its p99 TTFT comes with a percentile-bootstrap
+95 % interval, and each configuration's limit (most sessions under the threshold) is given by
+the p99 and by the interval's upper bound. ``--stop-over F`` skips a configuration's higher
+concurrencies once its p99 is certainly over F x the threshold; ``--fast-device`` puts the
+slab on a loop device over RAM.
+
 Every loaded byte is checked against its block's pattern after the round's TTFT is taken
 (untimed); destinations are poisoned before each load so that a load that does not land is
 caught. ``hbm_hits + dram_loads + ssd_loads + recomputes == blocks_needed`` for every round.
@@ -42,13 +51,15 @@ seconds (after the previous round's first token). ``prefix_tokens`` may be omitt
 the whole previous context); other keys are ignored.
 
 Modules: ``trace`` (generator, reader, writer, statistics), ``compute`` (geometry, block
-patterns, prefill backends), ``tiers`` (HBM / DRAM / SSD index and slab files), ``replay``
-(the sessions' rounds, timed), ``cli`` (options, the sweep, table and plot).
+patterns, prefill backends), ``tiers`` (HBM / DRAM / SSD index and slab files), ``kvikio_io``
+(the kvikio configuration's engine), ``replay`` (the sessions' rounds, timed), ``report``
+(bootstrap interval, limits, table, plots), ``cli`` (options, the sweep, ``gen`` and ``plot``).
 """
 
-from .cli import add_parser, apply_dry_run, best_concurrency, main, main_gen, plot, run, table
+from .cli import add_parser, apply_dry_run, main, main_gen, main_plot, run
 from .compute import Geometry, block_key, make_backend
 from .replay import CONFIGS, Replayer
+from .report import best_concurrency, bootstrap_ci, concurrency_limits, plot, plot_tiers, table
 from .trace import FORMAT, VERSION, Round, Session, Trace, generate, read_trace, scale_trace, trace_stats, write_trace
 
 __all__ = [
@@ -64,11 +75,15 @@ __all__ = [
     "apply_dry_run",
     "best_concurrency",
     "block_key",
+    "bootstrap_ci",
+    "concurrency_limits",
     "generate",
     "main",
     "main_gen",
+    "main_plot",
     "make_backend",
     "plot",
+    "plot_tiers",
     "read_trace",
     "run",
     "scale_trace",

@@ -1,12 +1,17 @@
-"""``phx bench kv-trace [gen]``: options, the run over (concurrency, configuration) points, report.
+"""``phx bench kv-trace [gen | plot]``: options, the run over (concurrency, configuration) points.
 
 Benchmark side, control plane. ``run`` replays every point and records it (``on_record``
-after each, so a killed run keeps what finished); ``table`` and ``plot`` report TTFT, QPS
-and the most concurrent sessions under the threshold.
+after each, so a killed run keeps what finished). Points run concurrency-major (every
+configuration at one concurrency, then the next); ``--stop-over F`` leaves a configuration's
+higher concurrencies unrun once the lower bound of its p99's interval exceeds F x the
+threshold (a ``skipped`` record says so). ``--fast-device`` puts the slab on a loop device
+over RAM (``phoenix.bench.fastdev``). ``report`` has the table, the plots and the limits;
+``plot`` (the subcommand) draws several runs, one storage tier per panel column.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import errno
 import json
@@ -16,133 +21,25 @@ import socket
 import sys
 from dataclasses import asdict
 
-from phoenix.cli._run import comma_list, nonnegative_float, positive_int, size, vendor_runtime
+from phoenix.cli._run import comma_list, nonnegative_float, positive_int, positive_size, size, vendor_runtime
 from phoenix.vendor import parse_size
 
+from .. import fastdev
 from .compute import DTYPE_BYTES
 from .replay import CONFIGS, Replayer
+from .report import (  # noqa: F401 (re-exported: phoenix.bench.kvtrace.cli was their home)
+    LEGEND,
+    TIERS,
+    best_concurrency,
+    concurrency_limits,
+    limits_text,
+    plot,
+    plot_tiers,
+    sample_warnings,
+    table,
+    tier_warnings,
+)
 from .trace import generate, read_trace, trace_stats, write_trace
-
-
-def best_concurrency(records: list[dict]) -> dict:
-    """Per config: the most concurrent sessions with p99 TTFT under the threshold (0: none)."""
-    out: dict = {}
-    for r in records:
-        out.setdefault(r["config"], 0)
-        if r["under_threshold"]:
-            out[r["config"]] = max(out[r["config"]], r["concurrency"])
-    return out
-
-
-#: the tiers below HBM each configuration loads from
-TIERS = {"dram": ("dram",), "staged": ("dram", "ssd"), "phoenix": ("dram", "ssd")}
-
-
-def tier_warnings(rec: dict) -> list[str]:
-    """The tiers of ``rec``'s configuration it loaded nothing from: such a point does not
-    measure that tier's path (the SSD one, for staged and phoenix, is the point of the bench)."""
-    c = rec["counts"]
-    empty = [t for t in TIERS.get(rec["config"], ()) if c.get(f"{t}_loads", 0) == 0]
-    if not empty:
-        return []
-    names = " and ".join(t.upper() for t in empty)
-    tiers, paths = ("tier", "that path") if len(empty) == 1 else ("tiers", "those paths")
-    return [
-        f"{rec['config']} at concurrency {rec['concurrency']} loaded nothing from the {names} {tiers}: the point "
-        f"does not measure {paths}; more sessions (--concurrency), smaller --hbm / --dram or a longer --duration "
-        "make it load"
-    ]
-
-
-LEGEND = """\
-columns:
-  config    dram: KV evicted from DRAM is dropped and recomputed; staged: the SSD tier read by pread into pinned
-            host memory and a synchronous copy (the naive loop); phoenix: the SSD tier read through phoenix
-  conc      concurrent sessions
-  rounds    rounds (requests) that reached their first token within the point's --duration
-  QPS       rounds per second
-  TTFT      time to first token of a round, in seconds (loads of its cached prefix + prefill of the rest):
-            mean, p50 (median), p99
-  hbm       blocks of the rounds' prefixes already in HBM (device memory)
-  dram      blocks loaded from DRAM (pinned host memory)
-  ssd       blocks loaded from the SSD tier (the slab file)
-  recomp    blocks recomputed (not cached, or after the first missing one)
-  GB ld     GB (10^9 bytes) loaded into HBM from DRAM and SSD
-  verified  every loaded block matched its pattern (yes) or not (NO)"""
-
-
-def table(records: list[dict]) -> str:
-    lines = [
-        f"{'config':<8} {'conc':>4} {'rounds':>6} {'QPS':>7} {'TTFT mean':>9} {'p50':>7} {'p99':>7}  "
-        f"{'hbm':>5} {'dram':>5} {'ssd':>5} {'recomp':>6} {'GB ld':>7} {'verified':>8}"
-    ]
-    for r in records:
-        c = r["counts"]
-
-        def f(x):
-            return f"{x:.3f}" if x is not None else "-"
-
-        lines.append(
-            f"{r['config']:<8} {r['concurrency']:>4} {r['rounds']:>6} {r['qps']:>7.2f} {f(r['ttft_mean_s']):>9} "
-            f"{f(r['ttft_p50_s']):>7} {f(r['ttft_p99_s']):>7}  {c['hbm_hits']:>5} {c['dram_loads']:>5} "
-            f"{c['ssd_loads']:>5} {c['recomputes']:>6} {(c['bytes_loaded_dram'] + c['bytes_loaded_ssd']) / 1e9:>7.2f} "
-            f"{'yes' if r['verified'] else 'NO':>8}"
-        )
-    best = best_concurrency(records)
-    thr = records[0]["threshold_s"] if records else 0
-    lines.append(
-        f"most concurrent sessions with p99 TTFT < {thr:g} s: " + ", ".join(f"{k} {v}" for k, v in best.items())
-    )
-    lines += ["", LEGEND]
-    warned = [w for r in records for w in r.get("warnings", [])]
-    lines += [f"WARNING: {w}" for w in warned]
-    return "\n".join(lines)
-
-
-def plot(records: list[dict], path: str, title: str) -> str:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install 'phoenix-direct-storage[bench]'): no plot written"
-    from ..throughput import FONT, plain_log_axis
-
-    with plt.rc_context({"font.size": FONT["base"], "xtick.labelsize": FONT["tick"], "ytick.labelsize": FONT["tick"]}):
-        return _plot(plt, records, path, title, FONT, plain_log_axis)
-
-
-def _plot(plt, records, path, title, FONT, plain_log_axis) -> str:
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
-    for cfg in CONFIGS:
-        pts = sorted(
-            (r["concurrency"], r["ttft_p99_s"], r["qps"])
-            for r in records
-            if r["config"] == cfg and r["ttft_p99_s"] is not None
-        )
-        if not pts:
-            continue
-        axes[0].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=cfg)
-        axes[1].plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=cfg)
-    if records:
-        axes[0].axhline(
-            records[0]["threshold_s"], color="gray", linestyle="--", label=f"threshold {records[0]['threshold_s']:g} s"
-        )
-    concs = sorted({r["concurrency"] for r in records})
-    for ax, yl in zip(axes, ("p99 TTFT (s)", "rounds per second (QPS)"), strict=True):
-        plain_log_axis(ax, "x", concs)
-        ax.set_xlabel("concurrent sessions")
-        ax.set_ylabel(yl)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=FONT["legend"])
-    plain_log_axis(axes[0], "y", base=10)
-    fig.suptitle(title, fontsize=FONT["suptitle"])
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return f"plot written to {path}"
-
 
 # ---- command line -------------------------------------------------------------------------------
 
@@ -166,6 +63,33 @@ DRY_RUN = {
 }
 
 
+def _count(text: str) -> int:
+    """An argparse type: a whole number of at least 0."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 0")
+    return n
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a number of seconds above 0."""
+    x = nonnegative_float(text)
+    if x <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0 seconds")
+    return x
+
+
+def _factor(text: str) -> float:
+    """An argparse type: 0 (off), or a multiple of the threshold of at least 1."""
+    x = nonnegative_float(text)
+    if 0 < x < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 (off) or at least 1 (a multiple of --threshold)")
+    return x
+
+
 def _trace_args(p) -> None:
     p.add_argument("--sessions", type=positive_int, default=64, help="sessions to generate (default 64)")
     p.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
@@ -175,22 +99,24 @@ def add_parser(sub) -> None:
     """``phx bench kv-trace [gen]``: called from phoenix.bench.cli.add_parser."""
     p = sub.add_parser(
         "kv-trace",
-        help="replay an agentic KV-cache trace through DRAM-only, staged-SSD and phoenix tiers",
+        help="replay an agentic KV-cache trace through DRAM-only, staged-SSD, KvikIO and phoenix tiers",
         description="Replay agentic sessions (a seeded trace with the statistics of Codex runs on SWE-bench Pro, or "
         "--trace FILE) through an HBM tier (vendor device memory), a DRAM tier (pinned host memory) and an SSD tier "
         "(a slab file), for the configurations dram (evicted KV is recomputed), staged (SSD through the naive staged "
-        "loop) and phoenix (SSD through phoenix); prefill of uncached tokens is real compute of the model's shape. "
-        "Reports TTFT (mean, p50, p99), QPS and the most concurrent sessions under the TTFT threshold. "
-        "'phx bench kv-trace gen --out FILE' writes a trace.",
+        "loop), kvikio (SSD through KvikIO in compat mode) and phoenix (SSD through phoenix); prefill of uncached "
+        "tokens is real compute of the model's shape. Reports TTFT (mean, p50, p99 with a bootstrap 95% CI), QPS and "
+        "the most concurrent sessions under the TTFT threshold. 'phx bench kv-trace gen --out FILE' writes a trace; "
+        "'phx bench kv-trace plot A.json B.json --out X.png' plots runs side by side (one per storage tier).",
     )
     _trace_args(p)
     p.add_argument("--trace", metavar="FILE", help="replay this trace file instead of generating one")
     p.add_argument(
         "--configs",
         type=comma_list(CONFIGS),
-        default=list(CONFIGS),
+        default=None,
         metavar="{" + ",".join(CONFIGS) + "}[,...]",
-        help="comma-separated of dram,staged,phoenix (default all)",
+        help="comma-separated of dram,staged,kvikio,phoenix (default all four; kvikio left out, with a note, where "
+        "KvikIO and CuPy are not importable or the vendor is not nvidia)",
     )
     p.add_argument(
         "--concurrency",
@@ -204,7 +130,30 @@ def add_parser(sub) -> None:
         "--duration",
         type=nonnegative_float,
         default=20.0,
-        help="seconds of replay per (config, concurrency) point (default 20)",
+        help="seconds of replay per (config, concurrency) point, at least (default 20)",
+    )
+    p.add_argument(
+        "--min-samples",
+        type=_count,
+        default=0,
+        metavar="N",
+        help="a point also runs until it has N TTFT samples (rounds), up to --max-duration (default 0)",
+    )
+    p.add_argument(
+        "--max-duration",
+        type=_seconds,
+        default=120.0,
+        metavar="S",
+        help="the longest a point runs to reach --min-samples; one stopped there has 'samples_short' in its record "
+        "(default 120)",
+    )
+    p.add_argument(
+        "--stop-over",
+        type=_factor,
+        default=0.0,
+        metavar="FACTOR",
+        help="once a configuration's p99 TTFT is certainly over FACTOR x --threshold (its 95%% CI's lower bound), "
+        "its higher concurrencies are not run (default 0: off)",
     )
     p.add_argument(
         "--time-scale",
@@ -241,7 +190,13 @@ def add_parser(sub) -> None:
         help="SSD tier capacity for blocks demoted during the replay (default 32G; history comes on top)",
     )
     t.add_argument("--slab", default="/tmp/phx-kvtrace.slab", help="slab file of the SSD tier (and SLAB.history)")
-    t.add_argument("--keep-slab", action="store_true", help="leave the slab files in place")
+    t.add_argument("--keep-slab", action="store_true", help="leave the slab files in place (not on a --fast-device)")
+    fastdev.add_argument(t, "the SSD tier's slab (--slab's file name)", auto=True)
+    k = p.add_argument_group("kvikio (the KvikIO configuration: compat mode, POSIX I/O in its thread pool)")
+    k.add_argument("--kvikio-threads", type=positive_int, default=16, help="KvikIO's num_threads (default 16)")
+    k.add_argument(
+        "--kvikio-task", type=positive_size, default=parse_size("4M"), help="KvikIO's task_size (default 4M)"
+    )
     p.add_argument(
         "--prefill-chunk", type=positive_int, default=4096, help="chunked prefill: tokens per chunk (default 4096)"
     )
@@ -253,18 +208,33 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--no-verify", dest="verify", action="store_false", help="do not poison and check loaded blocks")
     p.add_argument("--device", type=int, default=0, help="device ordinal (default 0)")
-    p.add_argument("--label", default="", help="a label for the records and the plot (e.g. 'local disk')")
+    p.add_argument(
+        "--label",
+        default="",
+        help="a label for the records and the plot (e.g. 'local disk'; with --fast-device, by default its own)",
+    )
     p.add_argument(
         "--dry-run", action="store_true", help="tiny geometry, trace and capacities: the same code path in seconds"
     )
     p.add_argument("--json", metavar="FILE", help="write the records as a JSON list")
-    p.add_argument("--plot", metavar="FILE", help="write a PNG of p99 TTFT and QPS against concurrency")
+    p.add_argument("--plot", metavar="FILE", help="write a PNG of p99 TTFT (95%% CI) and QPS against concurrency")
     p.set_defaults(func=main, kv_cmd=None, _kv_parser=p)
-    ksub = p.add_subparsers(dest="kv_cmd", metavar="{gen}")
+    ksub = p.add_subparsers(dest="kv_cmd", metavar="{gen,plot}")
     gp = ksub.add_parser("gen", help="write a generated trace (JSON lines) and print its statistics")
     _trace_args(gp)
     gp.add_argument("--out", required=True, metavar="FILE", help="trace file to write")
     gp.set_defaults(func=main_gen)
+    pp = ksub.add_parser(
+        "plot",
+        help="plot runs (their --json files) side by side: one panel column per storage tier",
+        description="One panel column per FILE (a storage tier, titled by its records' label): p99 TTFT (log scale, "
+        "95% CI bars, the threshold) and QPS against concurrent sessions, one line per configuration in the same "
+        "color everywhere; points not run (--stop-over) are absent. Needs matplotlib.",
+    )
+    pp.add_argument("files", nargs="+", metavar="FILE", help="records of a run (phx bench kv-trace --json FILE)")
+    pp.add_argument("--out", required=True, metavar="PNG", help="the PNG to write")
+    pp.add_argument("--title", default="", help="the figure's title (default: from the records)")
+    pp.set_defaults(func=main_plot)
 
 
 def apply_dry_run(args) -> None:
@@ -283,13 +253,15 @@ def main_gen(args) -> int:
     return 0
 
 
-def _meta(args, rp, stats) -> dict:
+def _meta(args, rp, stats, note: str) -> dict:
     return {
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "argv": sys.argv,
         "label": args.label,
+        "configs": list(args.configs),
+        "configs_note": note,
         "compute": rp.backend.name,
         "compute_label": rp.backend.label,
         "verify": args.verify,
@@ -303,11 +275,18 @@ def _meta(args, rp, stats) -> dict:
         "dram_bytes": rp.cache.dram.nslots * rp.bb,
         "ssd_dynamic_bytes": rp.cache.ssd.nslots * rp.bb,
         "history_bytes": len(rp.history) * rp.bb,
-        "slab": args.slab,
+        "slab": rp.slab.path,
         "slab_write_s": rp.slab_write_s,
+        "storage": fastdev.LABEL if getattr(args, "fast_device_info", None) else "",
+        "fast_device": getattr(args, "fast_device_info", None),
         "time_scale": args.time_scale,
         "token_scale": args.token_scale,
         "duration_s": args.duration,
+        "min_samples": args.min_samples,
+        "max_duration_s": args.max_duration,
+        "stop_over": args.stop_over,
+        "kvikio_threads": args.kvikio_threads,
+        "kvikio_task": args.kvikio_task,
         "warm_start": args.warm_start,
         "trace": args.trace or f"generated seed {args.seed}",
         "trace_stats": stats,
@@ -319,47 +298,138 @@ def _meta(args, rp, stats) -> dict:
     }
 
 
+def check_options(args) -> None:
+    """Refuse option values that contradict each other (after --dry-run's sizes)."""
+    if args.max_duration < args.duration:
+        raise ValueError(
+            f"--max-duration {args.max_duration:g} is shorter than --duration {args.duration:g}: give it at least "
+            "as long (it caps the time a point spends reaching --min-samples)"
+        )
+
+
+def resolve_configs(args, vendor: str) -> tuple[list[str], str]:
+    """The configurations to run, and a note: ``kvikio`` asked for where it cannot run is
+    refused (one line, why); left to the default, it is left out with a note."""
+    asked = args.configs
+    if asked is not None and "kvikio" not in asked:
+        return list(asked), ""
+    from . import kvikio_io
+
+    ok, why = kvikio_io.support(vendor)
+    if asked is None:
+        if ok:
+            return list(CONFIGS), ""
+        return [c for c in CONFIGS if c != "kvikio"], f"kvikio left out of the default configs: {why}"
+    if not ok:
+        raise (ImportError if "importable" in why else ValueError)(f"--configs kvikio: {why}; {kvikio_io.HINT}")
+    return list(asked), ""
+
+
+def _skipped(cfg: str, conc: int, reason: str, rp, args, meta: dict) -> dict:
+    """The record of a point not run (--stop-over): no figures, the reason."""
+    return {
+        "config": cfg,
+        "concurrency": conc,
+        "skipped": reason,
+        "vendor": rp.rt.name,
+        "test_double": bool(rp.rt.is_test_double),
+        "rounds": 0,
+        "samples": 0,
+        "qps": None,
+        "ttft_mean_s": None,
+        "ttft_p50_s": None,
+        "ttft_p99_s": None,
+        "ttft_p99_ci_s": None,
+        "threshold_s": args.threshold,
+        "under_threshold": False,
+        "verified": True,
+        "label": args.label,
+        "storage": meta["storage"],
+        "meta": meta,
+        "warnings": [],
+    }
+
+
 def run(args, log=print, on_record=None, records: list[dict] | None = None) -> list[dict]:
     """Every (concurrency, config) point, appended to ``records`` as it finishes;
     ``on_record(records)`` after each (partial results survive a kill)."""
     if args.dry_run:
         apply_dry_run(args)
+    check_options(args)
     trace = read_trace(args.trace) if args.trace else generate(args.sessions, args.seed)
     stats = trace_stats(trace)
     rp = Replayer(args, trace, log=log)
     records = records if records is not None else []
     try:
-        log(
-            f"kv-trace: vendor {rp.rt.name}{' (TEST DOUBLE: device memory is host memory)' if rp.rt.is_test_double else ''}, "
-            f"compute {rp.backend.label}; {rp.geo.bytes_per_token >> 10} KiB/token, block {rp.bb >> 10} KiB "
-            f"({args.block_tokens} tokens); HBM {rp.cache.hbm.nslots} blocks, DRAM {rp.cache.dram.nslots}, "
-            f"SSD {rp.cache.ssd.nslots} + {len(rp.history)} history"
-        )
-        log(
-            f"simulated: trace ({'file ' + args.trace if args.trace else f'generated, seed {args.seed}'}), think times x "
-            f"{args.time_scale:g}, token counts x {args.token_scale:g}, {args.duration:g} s per point; decode not run"
-        )
-        rp.prepare()
-        meta = _meta(args, rp, stats)
-        for conc in args.concurrency:
-            for cfg in args.configs:
-                rec = rp.run_point(cfg, conc)
-                rec["label"] = args.label
-                rec["meta"] = meta
-                rec["warnings"] = tier_warnings(rec)
-                records.append(rec)
-                empty = [t.upper() for t in TIERS.get(cfg, ()) if rec["counts"].get(f"{t}_loads", 0) == 0]
-                log(
-                    f"  {cfg:<8} conc {conc:>3}: {rec['rounds']} rounds, p99 TTFT "
-                    f"{rec['ttft_p99_s'] if rec['ttft_p99_s'] is None else round(rec['ttft_p99_s'], 3)} s, "
-                    f"QPS {rec['qps']:.2f}{'' if rec['verified'] else ', VERIFICATION FAILED'}"
-                    f"{'; WARNING: loaded nothing from ' + ' or '.join(empty) if empty else ''}"
-                )
-                if on_record:
-                    on_record(records)
+        args.configs, note = resolve_configs(args, rp.rt.name)
+        if note:
+            log(f"note: {note}")
+        need = rp.slab.nbytes() if any(c != "dram" for c in args.configs) else 4096
+        with fastdev.directory(args, need, what=f"the SSD tier's slab ({need / 2**30:.2f} GiB)") as mnt:
+            if mnt:
+                rp.slab.move(os.path.join(mnt, os.path.basename(args.slab)))
+                args.label = args.label or fastdev.LABEL
+            try:
+                _points(args, rp, stats, note, log, on_record, records)
+            finally:
+                rp.close()  # the slab goes before the device under it
     finally:
         rp.close()
     return records
+
+
+def _points(args, rp, stats, note, log, on_record, records) -> None:
+    log(
+        f"kv-trace: vendor {rp.rt.name}{' (TEST DOUBLE: device memory is host memory)' if rp.rt.is_test_double else ''}, "
+        f"compute {rp.backend.label}; {rp.geo.bytes_per_token >> 10} KiB/token, block {rp.bb >> 10} KiB "
+        f"({args.block_tokens} tokens); HBM {rp.cache.hbm.nslots} blocks, DRAM {rp.cache.dram.nslots}, "
+        f"SSD {rp.cache.ssd.nslots} + {len(rp.history)} history; configs {','.join(args.configs)}"
+    )
+    per_point = f"{args.duration:g} s per point" + (
+        f" and {args.min_samples} samples (at most {args.max_duration:g} s)" if args.min_samples else ""
+    )
+    log(
+        f"simulated: trace ({'file ' + args.trace if args.trace else f'generated, seed {args.seed}'}), think times x "
+        f"{args.time_scale:g}, token counts x {args.token_scale:g}, {per_point}; decode not run"
+    )
+    rp.prepare()
+    meta = _meta(args, rp, stats, note)
+    over: dict = {}  # config -> (concurrency, why): --stop-over, its higher concurrencies are not run
+    for conc in args.concurrency:
+        for cfg in args.configs:
+            if cfg in over and conc > over[cfg][0]:
+                rec = _skipped(cfg, conc, over[cfg][1], rp, args, meta)
+                records.append(rec)
+                log(f"  {cfg:<8} conc {conc:>3}: not run, {rec['skipped']}")
+                if on_record:
+                    on_record(records)
+                continue
+            rec = rp.run_point(cfg, conc)
+            rec["label"] = args.label
+            if meta["storage"]:
+                rec["storage"], rec["fast_device"] = meta["storage"], meta["fast_device"]
+            rec["meta"] = meta
+            rec["warnings"] = tier_warnings(rec) + sample_warnings(rec)
+            records.append(rec)
+            empty = [t.upper() for t in TIERS.get(cfg, ()) if rec["counts"].get(f"{t}_loads", 0) == 0]
+            ci, p99 = rec["ttft_p99_ci_s"], rec["ttft_p99_s"]
+            log(
+                f"  {cfg:<8} conc {conc:>3}: {rec['rounds']} rounds in {rec['seconds']:.1f} s, p99 TTFT "
+                f"{'-' if ci is None else f'{p99:.3f} s (95% CI {ci[0]:.3f}-{ci[1]:.3f})'}, "
+                f"QPS {rec['qps']:.2f}{'' if rec['verified'] else ', VERIFICATION FAILED'}"
+                f"{'; WARNING: loaded nothing from ' + ' or '.join(empty) if empty else ''}"
+            )
+            for w in sample_warnings(rec):
+                log(f"  WARNING: {w}")
+            limit = args.stop_over * args.threshold
+            if args.stop_over and ci and ci[0] > limit and (cfg not in over or conc < over[cfg][0]):
+                over[cfg] = (
+                    conc,
+                    f"p99 already {rec['ttft_p99_s']:.3g} s at concurrency {conc} (95% CI from {ci[0]:.3g} s, over "
+                    f"--stop-over {args.stop_over:g} x the {args.threshold:g} s threshold)",
+                )
+            if on_record:
+                on_record(records)
 
 
 def _write_json(path: str, records: list[dict]) -> None:
@@ -367,6 +437,15 @@ def _write_json(path: str, records: list[dict]) -> None:
     with open(tmp, "w") as fh:
         json.dump(records, fh, indent=1)
     os.replace(tmp, path)
+
+
+def _title(records: list[dict], what: str) -> str:
+    r = next((r for r in records if r.get("meta")), records[0] if records else {})
+    m = r.get("meta", {})
+    return (
+        f"phx bench kv-trace{what}: vendor {r.get('vendor', '?')}{' (test double)' if r.get('test_double') else ''}, "
+        f"{m.get('bytes_per_token', 0) >> 10} KiB/token, think x{m.get('time_scale')}, tokens x{m.get('token_scale')}"
+    )
 
 
 def main(args) -> int:
@@ -385,6 +464,8 @@ def main(args) -> int:
             why = "an interrupt" if isinstance(exc, KeyboardInterrupt) else "an error (the last line says which)"
             print(f"stopped by {why} after {len(records)} points; the points before it:")
             print(table(records))
+            if args.plot:  # a run cut by a time limit still draws what it measured
+                print(plot(records, args.plot, _title(records, f" [{args.label}]" if args.label else "")))
         raise
     print(table(records))
     if records and records[0]["test_double"]:
@@ -392,6 +473,9 @@ def main(args) -> int:
             f"\nvendor {records[0]['vendor']} is a test double: 'device memory' is host memory and the prefill is a CPU "
             "stand-in; these are not accelerator figures."
         )
+    kv = next((r["kvikio"] for r in records if r.get("kvikio")), None)
+    if kv and kv["test_double"]:
+        print("the kvikio module is a test double (tests/kvikio_double.py): its figures are not KvikIO's.")
     m = records[0]["meta"] if records else {}
     print(
         f"simulated: think times x {m.get('time_scale')}, token counts x {m.get('token_scale')}; real: I/O, copies, compute of the shape."
@@ -400,15 +484,38 @@ def main(args) -> int:
         _write_json(args.json, records)
         print(f"records written to {args.json}")
     if args.plot:
-        lab = f" [{args.label}]" if args.label else ""
-        title = (
-            f"phx bench kv-trace{lab}: vendor {m.get('vendor', records[0]['vendor'] if records else '?')}"
-            f"{' (test double)' if records and records[0]['test_double'] else ''}, {m.get('bytes_per_token', 0) >> 10} KiB/token, "
-            f"think x{m.get('time_scale')}, tokens x{m.get('token_scale')}"
-        )
-        print(plot(records, args.plot, title))
+        print(plot(records, args.plot, _title(records, f" [{args.label}]" if args.label else "")))
     failed = [r for r in records if not r["verified"]]
     if failed:
         print(f"VERIFICATION FAILED in {len(failed)} points: {failed[0]['failures'][:3]}", file=sys.stderr)
         return 1
+    return 0
+
+
+def read_records(path: str) -> list[dict]:
+    """The records of a run (``--json``), refused in one line where the file is not one."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            errno.ENOENT, f"{path}: no such file (give the --json files of 'phx bench kv-trace' runs)"
+        )
+    try:
+        with open(path) as fh:
+            records = json.load(fh)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a JSON file ({exc})") from None
+    if (
+        not isinstance(records, list)
+        or not records
+        or not all(isinstance(r, dict) and {"config", "concurrency", "threshold_s"} <= r.keys() for r in records)
+    ):
+        raise ValueError(f"{path}: not the records of a 'phx bench kv-trace' run (its --json: a list of points)")
+    return records
+
+
+def main_plot(args) -> int:
+    runs = [(os.path.basename(p), read_records(p)) for p in args.files]
+    title = args.title or _title(runs[0][1], ": p99 TTFT (95% CI) and QPS per storage tier")
+    print(plot_tiers(runs, args.out, title))
+    for name, recs in runs:
+        print(f"{name}: {limits_text(recs)}")
     return 0

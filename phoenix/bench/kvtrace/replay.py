@@ -6,11 +6,17 @@ lock in the thread of the round that needs it; TTFT is taken before the untimed 
 Every non-DRAM point starts cold: phoenix's registered page-cache windows are released
 (``fmap_clear``) and the files dropped from the page cache; ``PHX_FMAP_MODE=off`` turns
 the window cache off.
+
+A point runs until ``--duration`` has passed and it holds ``--min-samples`` TTFTs, or until
+``--max-duration`` (its record then says ``samples_short``); sessions check that between
+rounds and are woken from their think time when it holds, so none overstays by more than
+the round it is in. Its p99 comes with a percentile-bootstrap 95 % interval
+(``ttft_p99_ci_s``, :func:`report.bootstrap_ci`).
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
 import os
 import random
 import threading
@@ -22,10 +28,11 @@ from phoenix.vendor import CopyKind
 
 from ..files import drop_cache
 from .compute import Geometry, block_key, make_backend
+from .report import CONFIGS, bootstrap_ci, pct
 from .tiers import Counts, KVCache, Slab, host_view
 from .trace import Session, Trace, scale_trace
 
-CONFIGS = ("dram", "staged", "phoenix")
+__all__ = ["CONFIGS", "Replayer", "TooLarge"]
 
 
 class TooLarge(Exception):
@@ -155,16 +162,36 @@ class Replayer:
     # -- one point: (config, concurrency) -----------------------------------------------------
 
     def run_point(self, config: str, conc: int) -> dict:
-        args = self.args
         self.cache.reset(config, self.history)
         if config != "dram":
             for p in (self.slab.hist_path, self.slab.path):
                 drop_cache(p)
             if hasattr(self.pio, "fmap_clear"):
                 self.pio.fmap_clear()  # every point starts without phoenix's page-cache mappings
-        self.slab.open(config)
-        if self.poison_hook:
-            self.poison_hook(config, self)
+        with self._engine(config):
+            self.slab.open(config)
+            try:
+                if self.poison_hook:
+                    self.poison_hook(config, self)
+                elapsed, stopped_by = self._replay(config, conc)
+            finally:
+                self.slab.close()
+        if self.errors:
+            raise RuntimeError(f"{config} at concurrency {conc}: " + self.errors[0])
+        return self._record(config, conc, elapsed, stopped_by)
+
+    def _engine(self, config: str):
+        """The engine's settings around a point: KvikIO's for ``kvikio``, nothing otherwise."""
+        if config != "kvikio":
+            return contextlib.nullcontext()
+        from . import kvikio_io
+
+        return kvikio_io.settings(self.args.kvikio_threads, self.args.kvikio_task)
+
+    def _replay(self, config: str, conc: int) -> tuple[float, str]:
+        """The sessions of one point, as threads, until the point's stop condition holds.
+        Returns the seconds it took and what stopped it."""
+        args = self.args
         self.point_counts = Counts()
         self.ttfts: list[float] = []
         self.errors: list[str] = []
@@ -177,8 +204,17 @@ class Replayer:
         # warm-up (untimed): the initial sessions' earlier rounds went through HBM and DRAM
         states = [self._state(i, initial=True) for i in range(conc)]
         self._warm(states)
+        min_samples = getattr(args, "min_samples", 0)
+        duration = args.duration
+        cap = max(duration, getattr(args, "max_duration", duration))
+        stop = threading.Event()  # set when the point has what it needs: sessions leave their think time
         t_start = time.perf_counter()
-        deadline = t_start + args.duration
+
+        def stop_reason() -> str | None:
+            el = time.perf_counter() - t_start
+            if el >= duration and len(self.ttfts) >= min_samples:
+                return "duration"
+            return "max_duration" if el >= cap else None
 
         def worker(slot: int, st: SessionState):
             rng = random.Random(args.seed * 1000 + slot)
@@ -193,9 +229,8 @@ class Replayer:
                         if first:  # initial sessions arrive spread over one think time
                             think = think * rng.random() if st.initial else 0.0
                         first = False
-                        if time.perf_counter() + think >= deadline or self.abort:
+                        if stop.is_set() or self.abort or (think > 0 and stop.wait(think)):
                             return
-                        time.sleep(think)
                         try:
                             ttft, counts = self.round(config, slot, st, stream, copy_stream)
                         except TooLarge:
@@ -226,13 +261,22 @@ class Replayer:
         threads = [threading.Thread(target=worker, args=(i, states[i]), name=f"kv-session-{i}") for i in range(conc)]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
-        elapsed = time.perf_counter() - t_start
-        self.slab.close()
-        if self.errors:
-            raise RuntimeError(f"{config} at concurrency {conc}: " + self.errors[0])
-        return self._record(config, conc, elapsed)
+        stopped_by = None
+        try:
+            while True:  # the main thread watches the stop condition; the sessions run
+                alive = [t for t in threads if t.is_alive()]
+                if not alive:
+                    break
+                if stopped_by is None:
+                    stopped_by = stop_reason() or ("error" if self.abort else None)
+                    if stopped_by:
+                        stop.set()
+                alive[0].join(0.01)
+        finally:
+            stop.set()  # an interrupt: the sessions leave after their round
+            for t in threads:
+                t.join()
+        return time.perf_counter() - t_start, stopped_by or "trace_end"
 
     def _warm(self, states) -> None:
         """The initial sessions' earlier rounds, interleaved round by round, leave their most
@@ -343,6 +387,13 @@ class Replayer:
             for b in ssd_loads:
                 path, off = self.slab.where(src[b])
                 futs.append((path, off, self.slab.files[path].pread((c.hbm_ptr(dst[b]), bb), bb, off)))
+        elif config == "kvikio":  # KvikIO's pread into a CuPy view of the HBM block, in its thread pool
+            from .kvikio_io import device_array
+
+            for b in ssd_loads:
+                path, off = self.slab.where(src[b])
+                view = device_array(c.hbm_ptr(dst[b]), bb, args.device, self)
+                futs.append((path, off, self.slab.files[path].pread(view, bb, off)))
         # the linear layers of the uncached tokens run while the prefix loads (queued on the GPU;
         # on the CPU stand-in they run here, beside phoenix's and the copy stream's transfers)
         be.linear(stream, tokens)
@@ -355,7 +406,7 @@ class Replayer:
                     raise OSError(5, f"{path}: short read, {got} of {bb} bytes at {off}")
                 self.rt.memcpy(c.hbm_ptr(dst[b]), self.staging[slot], bb, CopyKind.HOST_TO_DEVICE)
         for path, off, fu in futs:
-            got = fu.result()
+            got = fu.get() if config == "kvikio" else fu.result()
             if got != bb:
                 raise OSError(5, f"{path}: short read, {got} of {bb} bytes at {off}")
         if dram_loads:
@@ -465,6 +516,14 @@ class Replayer:
             if config == "phoenix":
                 ptr = c.dram_ptr(sslot_src) if tier == "dram" else c.hbm_ptr(sslot_src)
                 got = self.slab.files[path].write((ptr, bb), bb, off)
+            elif config == "kvikio":  # KvikIO's pwrite from the pinned DRAM slot (or the HBM block)
+                from .kvikio_io import device_array, host_array
+
+                if tier == "dram":
+                    buf = host_array(c.dram_ptr(sslot_src), bb)
+                else:
+                    buf = device_array(c.hbm_ptr(sslot_src), bb, self.args.device, self)
+                got = self.slab.files[path].pwrite(buf, bb, off).get()
             else:
                 if tier == "dram":
                     ptr = c.dram_ptr(sslot_src)
@@ -486,9 +545,10 @@ class Replayer:
 
     # -- records ---------------------------------------------------------------------------------
 
-    def _record(self, config: str, conc: int, elapsed: float) -> dict:
+    def _record(self, config: str, conc: int, elapsed: float, stopped_by: str = "duration") -> dict:
         t = sorted(self.ttfts)
         n = self.point_counts
+        min_samples = getattr(self.args, "min_samples", 0)
         rec = {
             "config": config,
             "concurrency": conc,
@@ -498,20 +558,25 @@ class Replayer:
             "seconds": elapsed,
             "qps": len(t) / elapsed if elapsed > 0 else 0.0,
             "ttft_mean_s": sum(t) / len(t) if t else None,
-            "ttft_p50_s": _pct(t, 0.50),
-            "ttft_p99_s": _pct(t, 0.99),
+            "ttft_p50_s": pct(t, 0.50),
+            "ttft_p99_s": pct(t, 0.99),
             "ttft_max_s": t[-1] if t else None,
             "threshold_s": self.args.threshold,
-            "under_threshold": bool(t) and _pct(t, 0.99) < self.args.threshold,
+            "under_threshold": bool(t) and pct(t, 0.99) < self.args.threshold,
             "sessions_ended_hbm_full": self.truncated,
             "counts": asdict(n),
             "verified": n.verify_failures == 0,
             "failures": self.failures[:10],
+            # the p99's sampling uncertainty and how the point ended (--min-samples, --max-duration)
+            "samples": len(t),
+            "ttft_p99_ci_s": bootstrap_ci(t, 0.99, seed=self.args.seed),
+            "min_samples": min_samples,
+            "max_duration_s": max(self.args.duration, getattr(self.args, "max_duration", self.args.duration)),
+            "stopped_by": stopped_by,
+            "samples_short": len(t) < min_samples,
         }
+        if config == "kvikio":
+            from . import kvikio_io
+
+            rec["kvikio"] = kvikio_io.info(self.args.kvikio_threads, self.args.kvikio_task)
         return rec
-
-
-def _pct(xs: list, q: float):
-    if not xs:
-        return None
-    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]

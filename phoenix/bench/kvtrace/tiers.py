@@ -2,13 +2,15 @@
 
 Benchmark side. The index (LRU per tier, pins, blocks in transit) is control plane under
 one lock; the memory behind it is the vendor's, and the slab is read and written through
-phoenix or through plain O_DIRECT descriptors (the staged loop) by the replay.
+phoenix, through KvikIO (``kvikio_io``) or through plain O_DIRECT descriptors (the staged
+loop) by the replay.
 """
 
 from __future__ import annotations
 
 import collections
 import ctypes
+import errno
 import os
 import threading
 import time
@@ -162,6 +164,37 @@ class Slab:
         self.files: dict = {}
         self.fds: dict = {}
 
+    def nbytes(self) -> int:
+        """Bytes the slab can come to: the history, and the dynamic region once written."""
+        return (self.history_slots + max(1, self.dynamic_slots)) * self.bb
+
+    def move(self, path: str) -> None:
+        """Put the slab at ``path`` instead (before :meth:`create`): e.g. on a fast device."""
+        self.close()
+        self.path, self.hist_path = path, path + ".history"
+
+    def check_space(self) -> None:
+        """Refuse, before writing anything, a slab its file system cannot hold."""
+        d = os.path.dirname(os.path.abspath(self.path))
+        try:
+            st = os.statvfs(d)
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, f"--slab {self.path}: directory {d} does not exist") from None
+        free = st.f_bavail * st.f_frsize
+        for p in (self.path, self.hist_path):  # a slab left by an earlier run is overwritten
+            try:
+                free += os.stat(p).st_blocks * 512
+            except OSError:
+                pass
+        if free < self.nbytes():
+            raise OSError(
+                errno.ENOSPC,
+                f"--slab {self.path}: the SSD tier needs {self.nbytes() / 2**30:.2f} GiB "
+                f"({self.history_slots} history blocks + {self.dynamic_slots} of --ssd, {self.bb >> 20} MiB each) "
+                f"and {d} has {free / 2**30:.2f} GiB free: lower --ssd, the largest --concurrency or --warm-start, "
+                "or put --slab elsewhere",
+            )
+
     def where(self, slot: int) -> tuple[str, int]:
         if slot < self.history_slots:
             return self.hist_path, slot * self.bb
@@ -171,6 +204,7 @@ class Slab:
         """Write the history blocks (their patterns) and size the dynamic file; returns seconds."""
         import phoenix
 
+        self.check_space()
         t0 = time.perf_counter()
         with open(self.path, "wb") as fh:
             fh.truncate(max(1, self.dynamic_slots) * self.bb)
@@ -195,12 +229,21 @@ class Slab:
         return time.perf_counter() - t0
 
     def open(self, config: str):
-        """Open the files for a configuration: phoenix files, or plain O_DIRECT descriptors."""
+        """Open the files for a configuration: phoenix files, KvikIO files (inside its
+        settings), or plain O_DIRECT descriptors."""
         self.close()
         if config == "phoenix":
             import phoenix
 
             self.files = {p: phoenix.open(p, "r+") for p in (self.hist_path, self.path)}
+        elif config == "kvikio":
+            from . import kvikio_io
+
+            # the history is only read; demoted blocks are written to the other file and read back
+            self.files = {
+                self.hist_path: kvikio_io.open_file(self.hist_path, "r"),
+                self.path: kvikio_io.open_file(self.path, "r+"),
+            }
         elif config == "staged":
             for p in (self.hist_path, self.path):
                 try:
