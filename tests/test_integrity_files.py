@@ -430,7 +430,7 @@ RACE = """
         assert f.read(d.buf(), N, 0, G) == N
         th = threading.Thread(target=cutter, daemon=True)
         th.start()
-        reads = bad = 0
+        reads = bad = outside = 0
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             n = f.read(d.buf(), N, 0, G)
@@ -438,12 +438,18 @@ RACE = """
             got = d.get()
             assert 0 <= n <= N, n
             assert (got[:G] == POISON).all() and (got[G + N:] == POISON).all(), "wrote outside the extent"
-            if not np.array_equal(got[G:G + n], pattern[:n]):
+            wrong = np.flatnonzero(got[G:G + n] != pattern[:n])
+            if wrong.size:
                 bad += 1
+                # a cut and regrowth inside one copy: only the page holding the cut point can
+                # read as the truncation's zeros (the README's limitation), nothing before it
+                page_end = (S // 4096 + 1) * 4096
+                if wrong[0] < S or wrong[-1] >= page_end or (got[G + wrong] != 0).any():
+                    outside += 1
         stop.set()
         th.join()
     st = pio.stats()
-    print("reads", reads, "cuts", cuts[0], "hits", st["fmap_hits"], "bad", bad)
+    print("reads", reads, "cuts", cuts[0], "hits", st["fmap_hits"], "bad", bad, "outside", outside)
 """
 
 
@@ -464,6 +470,10 @@ def test_truncation_under_a_warm_read_does_not_kill_the_process(tmp_path):
 
 def test_truncation_under_a_warm_read_counts_only_what_the_file_held(tmp_path):
     """Every byte within a read's count is the file's (here: the pattern, which the file
-    always holds up to its size); nothing outside the extent is touched."""
+    always holds up to its size), but for the known limit of a copy from a mapping: a file
+    cut and grown again inside one copy can leave the truncation's zeros in the one page
+    holding the cut point (a mapping cannot see the size change; pread(2) would return a
+    count that stops at the cut). Any other wrong byte fails; nothing outside the extent
+    is touched (checked in the script)."""
     stats = race(tmp_path)
-    assert stats["bad"] == 0, stats
+    assert stats["outside"] == 0, stats

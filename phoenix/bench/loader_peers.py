@@ -67,9 +67,13 @@ def fastsafetensors_impl(path: str, device, torch, sync):
     why = _not_torch_device(device)
     if why:
         return None, why, None
+    # it wants an indexed device ("cuda:0"; plain "cuda" is refused)
+    dev = str(device)
+    if dev == "cuda":
+        dev = f"cuda:{torch.cuda.current_device()}"
 
     def run() -> int:
-        loader = SafeTensorsFileLoader(SingleGroup(), str(device), nogds=True, set_numa=False)
+        loader = SafeTensorsFileLoader(SingleGroup(), dev, nogds=True, set_numa=False)
         try:
             loader.add_filenames({0: [path]})
             fb = loader.copy_files_to_device()
@@ -85,7 +89,7 @@ def fastsafetensors_impl(path: str, device, torch, sync):
         return n
 
     info = {
-        "api": f"SafeTensorsFileLoader(SingleGroup(), {str(device)!r}, nogds=True, set_numa=False)",
+        "api": f"SafeTensorsFileLoader(SingleGroup(), {dev!r}, nogds=True, set_numa=False)",
         "version": getattr(fastsafetensors, "__version__", None),
     }
     return run, None, info
