@@ -35,10 +35,10 @@ from . import fastdev
 from .files import drop_cache, warm_cache
 from .loader_peers import fastsafetensors_impl, safetensors_impl
 from .raw import raw_transfer
+from .sweep import SWEEP_CHUNKS, config_text, select_sweep
 
 RAW_CHUNK = 16 << 20  #: the raw reference's chunk without a sweep
 SWEEP_THREADS = (4, 8, 16, 32)  #: the raw sweep's thread counts (phoenix's own are always added)
-SWEEP_CHUNKS = (1 << 20, 4 << 20, 16 << 20)  #: and its chunk sizes
 DEFAULT_NAME = "model.safetensors"  #: the file's name on the fast device when none is given
 TARGET_RAW = 0.90  #: issue 21: phxloader cold / the raw best, on the fast device, at least this
 OWN_FS = "the file's own file system"
@@ -50,11 +50,6 @@ def _torch():
     except ImportError:
         return None
     return torch
-
-
-def config_text(threads: int, chunk: int) -> str:
-    c = f"{chunk >> 20} MiB" if chunk >= 1 << 20 else f"{chunk >> 10} KiB"
-    return f"{threads} thread{'s' if threads != 1 else ''} x {c}"
 
 
 # -- the raw reference: swept once cold, its best re-measured with the loaders ---------------
@@ -84,13 +79,9 @@ def raw_sweep(path: str, nbytes: int, points, quiet: bool = False) -> list[dict]
 def pick_best(points: list[dict], own: tuple[int, int]) -> dict | None:
     """The sweep's best point by GB/s (the first of equals), with the point at phoenix's own
     configuration beside it; None for an empty sweep."""
-    best = None
-    for p in points:
-        if best is None or p["gbps"] > best["gbps"]:
-            best = p
+    best, at = select_sweep(points, *own)
     if best is None:
         return None
-    at = next((p for p in points if (p["threads"], p["chunk"]) == own), None)
     return {
         "threads": best["threads"],
         "chunk": best["chunk"],
