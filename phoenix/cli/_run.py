@@ -206,15 +206,24 @@ def positive_size(text: str) -> int:
     return n
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer of at least 1."""
+def _whole(text: str, least: int) -> int:
     try:
         n = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    if n < least:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least {least}")
     return n
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    return _whole(text, 1)
+
+
+def nonnegative_int(text: str) -> int:
+    """An argparse type: an integer of at least 0."""
+    return _whole(text, 0)
 
 
 def nonnegative_float(text: str) -> float:

@@ -21,7 +21,15 @@ import socket
 import sys
 from dataclasses import asdict
 
-from phoenix.cli._run import comma_list, nonnegative_float, positive_int, positive_size, size, vendor_runtime
+from phoenix.cli._run import (
+    comma_list,
+    nonnegative_float,
+    nonnegative_int,
+    positive_int,
+    positive_size,
+    size,
+    vendor_runtime,
+)
 from phoenix.vendor import parse_size
 
 from .. import fastdev
@@ -61,17 +69,6 @@ DRY_RUN = {
     "concurrency": [1, 4],
     "prefill_chunk": 256,
 }
-
-
-def _count(text: str) -> int:
-    """An argparse type: a whole number of at least 0."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 0")
-    return n
 
 
 def _seconds(text: str) -> float:
@@ -134,7 +131,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--min-samples",
-        type=_count,
+        type=nonnegative_int,
         default=0,
         metavar="N",
         help="a point also runs until it has N TTFT samples (rounds), up to --max-duration (default 0)",
