@@ -15,7 +15,9 @@
  * every IO_BG_EVERY normal ones (never starved). A worker whose parked chunks (waiting
  * for bounce slots) are background still takes normal chunks: background chunks leave
  * a quarter of the pool to them (slot_cap), so a load never waits behind a queue of
- * offloads, only behind the chunks already in flight.
+ * offloads. While normal chunks are in their I/O, or one finished less than
+ * IO_BG_GRACE_NS ago, at most IO_BG_BUSY background chunks are (bg_ok): a load meets
+ * that many, not the pool's worth already in flight.
  *
  * What a worker does with a chunk is io_chunk.c (file I/O) and io_copy.c (device
  * copies); here: taking chunks, sleeping, waking, starting and stopping.
