@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the NVIDIA issue needs from the H200 machine, in one call:
-#   benchmarks/h200.sh [stages...]   stages: setup info conformance bench loader lmcache kvtrace split fastdev loadlatfast loaderfast
+#   benchmarks/h200.sh [stages...]   stages: setup info conformance bench loader lmcache kvtrace split fastdev loadlatfast loaderfast cpusplit
 #   (fastdev, issue 21: the 8 GiB cold bench on a loop device over a tmpfs file, the raw O_DIRECT reference swept;
 #   loaderfast, issue 21 item 5: phxloader on that device against safetensors, fastsafetensors and the raw best)
 #   (default: all but split and warmcfg; split: benchmarks/h200_diag.py, where random and first warm reads
@@ -41,6 +41,7 @@ if has info; then
     df -h / /dev/shm | sed 1d; nproc; uname -r
     for q in /sys/block/*/queue; do [ -e "$q/max_sectors_kb" ] && echo "$q: max_sectors_kb=$(cat $q/max_sectors_kb) max_segments=$(cat $q/max_segments) nr_requests=$(cat $q/nr_requests)"; done
     cat /sys/kernel/mm/transparent_hugepage/enabled
+    echo "perf: $(command -v perf || echo none)"
     phx info | tee "$OUT/phx-info.txt"
 fi
 
@@ -81,12 +82,22 @@ if has bench; then
     rm -f /dev/shm/phx-bench.bin
 fi
 
+if has cpusplit; then
+    # issue 21: where phoenix's CPU goes per chunk on the loop device over RAM: cold reads and writes of a 4 GiB file
+    # at several workers:queue depth:chunk points, CPU split per thread (caller, phx-io workers, the runtime's threads)
+    timeout ${PHX_SPLIT_TIMEOUT:-150} python3 -P benchmarks/cpu_split.py --fast-device 5G --size 4G \
+        --reps ${PHX_SPLIT_REPS:-1} ${PHX_SPLIT_POINTS:+--points $PHX_SPLIT_POINTS} --json "$OUT/cpu-split.json" \
+        > "$OUT/cpu-split.log" 2>&1
+    echo "cpusplit rc=$?"; cut -c1-300 "$OUT/cpu-split.log" | tail -16
+fi
+
 if has fastdev; then
     # issue 21: "loop device over RAM (stand-in for a fast NVMe array)": a 9 GiB tmpfs file in /dev/shm, losetup
-    # --direct-io=on, ext4, torn down by phx bench itself (also on timeout's SIGTERM). Raw O_DIRECT and phoenix are
-    # both swept over threads 1,4,8,16,32 x chunks 1M,4M,16M (random reads: raw over 8..128 in flight), each side's
-    # best point re-measured in 3 interleaved repetitions with naive and KvikIO (at phoenix's point); every ratio
-    # divides by raw's re-measured best. Random reads of 4 KiB, 64 KiB and 1 MiB at 64 in flight.
+    # --direct-io=on, ext4, torn down by phx bench itself (also on timeout's SIGTERM). Raw O_DIRECT is swept over
+    # threads 1,4,8,16,32 x chunks 1M,4M,16M (random reads: 8..128 in flight), phoenix over workers x queue depth x
+    # chunk (phoenix/bench/sweep.py PHOENIX_GRID, 8-32 MiB in flight, and its defaults); each side's pick is
+    # re-measured in 3 interleaved repetitions with naive and KvikIO (at phoenix's chunks in flight); every ratio
+    # divides by raw's re-measured best. Random reads of 4 KiB, 64 KiB and 1 MiB at 64 in flight, KvikIO beside.
     losetup -a; df -h /dev/shm | sed 1d
     timeout ${PHX_FASTDEV_TIMEOUT:-420} phx bench --fast-device ${PHX_FASTDEV_SIZE:-9G} --size ${PHX_BENCH_SIZE:-8G} \
         --threads ${PHX_BENCH_THREADS:-16} --chunk 16M --ops read,write,randread --random-bs ${PHX_RANDOM_BS:-4K,64K,1M} \

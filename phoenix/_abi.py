@@ -37,6 +37,7 @@ class _Config(ctypes.Structure):
         ("fmap_register_flags", ctypes.c_uint32),
         ("flags", ctypes.c_uint32),
         ("fmap_idle_ns", ctypes.c_uint64),
+        ("inflight", ctypes.c_uint64),
     ]
 
 
@@ -125,6 +126,7 @@ class _Sizes(ctypes.Structure):
         ("chunk", ctypes.c_uint64),
         ("staged_chunk", ctypes.c_uint64),
         ("max_slot", ctypes.c_uint64),
+        ("worker_bytes", ctypes.c_uint64),
     ]
 
 

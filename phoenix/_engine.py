@@ -73,6 +73,7 @@ def make_config(s: _settings.Settings, runtime=None) -> _Config:
         fmap_register_flags(s, runtime),
         flags,
         int(s.fmap_idle * 1e9),
+        s.inflight,
     )
 
 

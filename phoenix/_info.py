@@ -38,7 +38,8 @@ def sizes() -> dict:
     """The sizes the current worker pool runs with, as it resolved the settings: the bounce
     pool (``auto`` sized), the chunk, the chunk of staged and bounced transfers (at most
     the chunk, and small enough that two fit the pool: a small pool takes smaller staged
-    chunks, it is never refused) and the largest bounce slot, with a sentence saying so."""
+    chunks, it is never refused), the largest bounce slot and the bytes of device I/O one
+    worker keeps in flight (its share of ``inflight``), with a sentence saying so."""
     sz = _Sizes()
     with _using_engine() as e:
         _lib.phx_ctx_sizes(e.handle, ctypes.byref(sz))
@@ -49,6 +50,11 @@ def sizes() -> dict:
         why += (
             f"; staged chunks {sz.staged_chunk / mib:g} MiB (two must fit the pool: raise "
             "PHX_BOUNCE_POOL_SIZE for staged chunks of the full chunk size)"
+        )
+    if sz.worker_bytes < sz.chunk:
+        why += (
+            f"; chunks from the device {sz.worker_bytes / mib:g} MiB (each worker's share of "
+            "PHX_INFLIGHT: raise it, or lower PHX_THREADS, for larger ones)"
         )
     out["why"] = why
     return out

@@ -22,8 +22,16 @@ setting                  environment                   default    meaning
 ``queue_depth``          ``PHX_QUEUE_DEPTH``           32         chunks in flight per worker (io_uring engine), and
                                                                   at most 64 MiB of them: up to threads x queue_depth
                                                                   small I/Os in the kernel at once.
+``inflight``             ``PHX_INFLIGHT``              64M        bytes of file I/O from the device (not the page
+                                                                  cache) in flight at once, split evenly among the
+                                                                  workers (each at least 1M): a request's chunks are
+                                                                  cut no larger than a worker's share. Fast devices
+                                                                  and caches slow down under many bytes in flight (a
+                                                                  DMA's working set past the last-level cache); 0:
+                                                                  64M per worker, chunks as ``chunk_size``.
 ``bounce_pool_size``     ``PHX_BOUNCE_POOL_SIZE``      auto       most pinned host memory for bounce buffers (staged
-                                                                  path). ``auto``: four chunks per worker (one in the
+                                                                  path). ``auto``: four chunks (at most a worker's
+                                                                  ``inflight`` share) per worker (one in the
                                                                   kernel, the others in or waiting for a device
                                                                   copy), at least 256M, at most 4G. Allocated on first use in segments, pinned
                                                                   through the vendor, kept until
@@ -117,6 +125,7 @@ ENV = {
     "threads": "PHX_THREADS",
     "chunk_size": "PHX_CHUNK_SIZE",
     "queue_depth": "PHX_QUEUE_DEPTH",
+    "inflight": "PHX_INFLIGHT",
     "bounce_pool_size": "PHX_BOUNCE_POOL_SIZE",
     "mode": "PHX_MODE",
     "engine": "PHX_IO_ENGINE",
@@ -146,6 +155,7 @@ DEFAULTS = {
     "threads": _default_threads(),
     "chunk_size": 8 << 20,
     "queue_depth": 32,
+    "inflight": 64 << 20,
     "bounce_pool_size": 0,  # auto: sized by the context from threads and chunk size
     "mode": "auto",
     "engine": "auto",
@@ -165,6 +175,7 @@ class Settings:
     threads: int
     chunk_size: int
     queue_depth: int
+    inflight: int
     bounce_pool_size: int
     mode: str
     engine: str
@@ -182,6 +193,7 @@ class Settings:
             self.threads,
             self.chunk_size,
             self.queue_depth,
+            self.inflight,
             self.bounce_pool_size,
             self.engine,
             self.fmap_cache,
@@ -229,6 +241,8 @@ def _check(name: str, value, source: str):
         raise ValueError(f"{source}: threads={n} must be between 1 and 1024")
     if name == "queue_depth" and not 1 <= n <= 4096:
         raise ValueError(f"{source}: queue_depth={n} must be between 1 and 4096")
+    if name == "inflight" and n != 0 and n < 1 << 20:
+        raise ValueError(f"{source}: inflight={n} must be 0 (64 MiB per worker) or at least 1M")
     if name == "chunk_size" and (n < 4096 or n % 4096 or n > 1 << 30):
         raise ValueError(f"{source}: chunk_size={n} must be a multiple of 4096 between 4K and 1G")
     if name == "bounce_pool_size" and n != 0 and n < 1 << 20:

@@ -1,5 +1,5 @@
 """A TEST DOUBLE of KvikIO and CuPy: just enough of their API for ``phx bench kv-trace``'s
-``kvikio`` configuration to run on a machine without a GPU, on the host vendor.
+``kvikio`` configuration and ``phx bench``'s KvikIO peer to run on a machine without a GPU, on the host vendor.
 
 It is not KvikIO and measures nothing about KvikIO. What it keeps of the real thing:
 
@@ -11,7 +11,7 @@ It is not KvikIO and measures nothing about KvikIO. What it keeps of the real th
   buffer and the vendor's ``memcpy`` (host->device), as compat mode does; a host buffer
   (NumPy) is read and written with POSIX ``pread``/``pwrite`` directly;
 * ``cupy.cuda.UnownedMemory``, ``cupy.cuda.MemoryPointer`` and ``cupy.ndarray(shape, dtype,
-  memptr=...)`` wrap a raw device pointer without owning it.
+  memptr=...)`` wrap a raw device pointer without owning it; ``arr[a:b]`` is a view.
 
 The module says so: ``kvikio.IS_TEST_DOUBLE`` is True, which is what lets the replay run it
 with a vendor other than nvidia (and labels its records). :func:`install` puts both modules
@@ -52,6 +52,14 @@ class ndarray:  # noqa: N801 (CuPy's name)
         if memptr is None or n > memptr.mem.size:
             raise ValueError("the test double's ndarray views existing device memory only")
         self.shape, self.dtype, self.data, self.nbytes = (n,), dtype, memptr, n
+
+    def __getitem__(self, sl: slice) -> ndarray:
+        """A 1-D slice (step 1): a view of the same memory, as CuPy's."""
+        start, stop, step = sl.indices(self.nbytes)
+        if step != 1:
+            raise ValueError("the test double's ndarray slices with step 1 only")
+        mem = UnownedMemory(self.data.ptr + start, max(0, stop - start), self)
+        return ndarray((mem.size,), self.dtype, MemoryPointer(mem, 0))
 
 
 # ---- kvikio ------------------------------------------------------------------------------------------

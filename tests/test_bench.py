@@ -148,7 +148,7 @@ def test_progress_total_matches_the_plan():
                 ["kvikio"] if kvikio else []
             )
             want += sum(1 for i in impls if temp == "warm" or i == "kvikio") + len(impls) * reps
-        want += len(bss) * (1 + 3 * reps) if "randread" in ops else 0
+        want += len(bss) * (1 + (3 + kvikio) * reps) if "randread" in ops else 0
         want += vendor != "host"
         assert planned_steps(args, plan, kvikio, vendor) == want
 
@@ -286,3 +286,47 @@ def test_only_the_cli_imports_the_bench_and_phoenix_has_no_import_cycle():
     for m in sorted(graph):
         if m not in state:
             visit(m, [m])
+
+
+def test_kvikio_peer_runs_every_op_through_the_double(rt, tmp_path, monkeypatch):
+    """``phx bench``'s KvikIO peer (sequential reads and writes, random reads as a pread
+    future each) through tests/kvikio_double.py, a TEST DOUBLE of KvikIO: the records are
+    there, the run says it was a double, and the random reads landed where they were asked
+    to (every byte of the device buffer compared with the file)."""
+    import argparse
+
+    import kvikio_double
+    import numpy as np
+
+    from phoenix.bench import throughput
+
+    kvikio_double.install(monkeypatch)
+    monkeypatch.setenv("PHX_VENDOR", "host")
+    parser = argparse.ArgumentParser()
+    throughput.add_parser(parser.add_subparsers())
+    path = tmp_path / "k.bin"
+    args = parser.parse_args(
+        ["bench", "--file", str(path), "--size", "8M", "--chunk", "1M", "--threads", "2", "--reps", "1"]
+        + ["--ops", "read,write,randread", "--random-ops", "256", "--quiet"]
+    )
+    recs = throughput.run(args)
+    have = {(r["op"], r["impl"]) for r in recs}
+    assert {("read", "kvikio"), ("write", "kvikio"), ("randread", "kvikio")} <= have, sorted(have)
+    assert all("TEST DOUBLE" in r["meta"]["kvikio"] for r in recs)
+    rand = next(r for r in recs if r["op"] == "randread" and r["impl"] == "kvikio")
+    assert rand["size"] == 64 * 16 * 65536 and rand["iops"] > 0
+
+    # the random reads' placement, byte for byte
+    b = throughput.Bench(args)
+    try:
+        bs, n = 65536, 64
+        b.random_seed = 100
+        assert b._kvikio_random(args.size, bs, 8, n) == n * bs
+        offs = np.random.default_rng(101).integers(0, args.size // bs, n) * bs
+        data = np.fromfile(path, np.uint8)
+        got = np.empty(args.size, np.uint8)
+        b.rt.memcpy(got.ctypes.data, b.dev, args.size, throughput.CopyKind.DEVICE_TO_HOST)
+        for i, o in enumerate(offs):
+            np.testing.assert_array_equal(got[i * bs : (i + 1) * bs], data[o : o + bs])
+    finally:
+        b.close()

@@ -35,11 +35,16 @@
 #define IO_POOL_UNIT (64u << 10)        /* bounce pool allocation unit */
 #define IO_MAX_ALIGN (64u << 10)        /* larger O_DIRECT alignments: file used buffered */
 #define IO_MAX_CHUNK (1ull << 30)       /* one SQE / one pread moves < 4 GiB */
-/* Bytes one io_uring worker keeps in flight at most (besides queue_depth chunks): a
- * 16 MiB O_DIRECT read is already dozens of device requests, so four of them per ring
- * keep a disk busy; deeper queues of large chunks only add contention. Small random
- * reads are bounded by queue_depth instead. */
+/* Bytes one io_uring worker keeps in flight at most (besides queue_depth chunks) when no
+ * context budget is set (phx_io_config.inflight 0): a 16 MiB O_DIRECT read is already
+ * dozens of device requests, so four of them per ring keep a disk busy; deeper queues of
+ * large chunks only add contention. Small random reads are bounded by queue_depth. */
 #define IO_WORKER_BYTES (64ull << 20)
+/* A budget's share per worker is at least this (one chunk of it keeps a device busy) */
+#define IO_WORKER_MIN_BYTES (1ull << 20)
+/* Chunks of a background request are at most this: a load taken while one is in its I/O
+ * waits for this much of an offload, not for a whole chunk_size */
+#define IO_BG_CHUNK (2ull << 20)
 #define IO_FLUSH_BYTES (4ull << 20)     /* staged-read copies queued before their callback is launched */
 #define IO_CACHED_CHUNK (4ull << 20)    /* staged chunks of a read from the page cache (at most) */
 #define IO_CACHED_SLOTS 4               /* ... and slots of them in use per worker (at most) */

@@ -89,13 +89,21 @@ static int ctx_create_engine(const struct phx_io_config *cfg, const struct phx_d
     }
     pthread_mutex_init(&ctx->fence_mu, NULL);
     ctx->chunk = cfg->chunk_size;
+    ctx->worker_bytes = IO_WORKER_BYTES;
+    if (cfg->inflight) {
+        /* the budget split over the workers, in 64 KiB units (a pool slot's) */
+        uint64_t share = align_down(cfg->inflight / cfg->threads, IO_POOL_UNIT);
+        ctx->worker_bytes = share < IO_WORKER_MIN_BYTES ? IO_WORKER_MIN_BYTES : share;
+    }
     fmap_init(ctx);
-    /* bounce pool 0 = auto: four slots per worker (one being read, the others waiting for
-     * or in their device copy and its completion callback), so that no worker waits for a
+    /* bounce pool 0 = auto: four slots of a device chunk per worker (one being read, the
+     * others waiting for or in their device copy and its completion callback), so that no
+     * worker waits for a
      * slot at the configured concurrency: two slots per worker throttled warm staged
      * reads (a slot lives for the read, the copy and the callback's latency) */
     if (ctx->cfg.bounce_pool_size == 0) {
-        uint64_t want = 4ull * cfg->threads * pool_round(cfg->chunk_size + 2 * IO_MAX_ALIGN);
+        uint64_t c = cfg->chunk_size < ctx->worker_bytes ? cfg->chunk_size : ctx->worker_bytes;
+        uint64_t want = 4ull * cfg->threads * pool_round(c + 2 * IO_MAX_ALIGN);
         want = want < (256ull << 20) ? (256ull << 20) : want > (4ull << 30) ? (4ull << 30) : want;
         ctx->cfg.bounce_pool_size = align_up(want, IO_POOL_UNIT);
     }
@@ -170,6 +178,7 @@ int phx_ctx_sizes(const phx_ctx *ctx, struct phx_ctx_sizes *out)
     out->chunk = ctx->chunk;
     out->staged_chunk = ctx->stage_chunk;
     out->max_slot = pool_round(ctx->stage_chunk + 3 * IO_MAX_ALIGN);
+    out->worker_bytes = ctx->worker_bytes;
     return 0;
 }
 

@@ -23,6 +23,7 @@ struct phx_ctx {
     pthread_mutex_t fence_mu; /* the free list */
     struct phx_fence *fence_free;
     uint64_t chunk, stage_chunk;
+    uint64_t worker_bytes; /* device I/O bytes in flight per io_uring worker; chunks cut at most this */
     struct io_pool pool;
     pthread_mutex_t qmu;
     /* (qmu) the queues, one per priority ([0] normal, [1] background): normal chunks

@@ -136,6 +136,13 @@ static void req_layout(phx_ctx *ctx, const struct phx_io_desc *d, int internal, 
      * 16 MiB ones; KvikIO's tasks are 4 MiB too). */
     if (L->fp.resident && C > IO_CACHED_CHUNK)
         C = IO_CACHED_CHUNK;
+    /* From the device: a chunk is at most one worker's share of the in-flight budget, so
+     * that the budget bounds the bytes in flight and every worker can hold a chunk. */
+    if (!L->fp.resident && C > ctx->worker_bytes)
+        C = ctx->worker_bytes;
+    /* Background chunks are small: a load waits for at most one of them (bg_ok). */
+    if (d->priority == PHX_PRIO_BACKGROUND && C > IO_BG_CHUNK)
+        C = IO_BG_CHUNK;
     C = align_up(C, A);
     uint64_t first = align_down((uint64_t)d->file_offset, C);
     uint64_t last = align_down((uint64_t)d->file_offset + d->size - 1, C);

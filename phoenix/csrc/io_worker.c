@@ -539,7 +539,7 @@ int workers_start(phx_ctx *ctx, int engine)
         w->cur_dev = -1;
         w->use_ring = engine == PHX_ENGINE_IO_URING;
         w->cap = w->use_ring ? (int)cfg->queue_depth : 2;
-        w->bytes_cap = w->use_ring ? IO_WORKER_BYTES : UINT64_MAX;
+        w->bytes_cap = w->use_ring ? ctx->worker_bytes : UINT64_MAX;
         w->efd = eventfd(0, EFD_CLOEXEC);
         if (w->efd < 0) {
             rc = -errno;

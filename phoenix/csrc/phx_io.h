@@ -56,6 +56,10 @@ struct phx_io_config {
     uint32_t fmap_register_flags; /* host_register flags for mappings (the port's portable | read-only) */
     uint32_t flags;            /* PHX_CFG_* */
     uint64_t fmap_idle_ns;     /* a window not read for this long is released (0: never) */
+    /* bytes of file I/O from the device (not the page cache) the workers keep in flight
+     * together: each worker up to inflight / threads (at least 1 MiB), and a request's
+     * chunks are cut no larger than that. 0: 64 MiB per worker, chunks as chunk_size. */
+    uint64_t inflight;
 };
 
 enum {
@@ -90,6 +94,7 @@ int phx_ctx_engine(const phx_ctx *ctx, char *reason, size_t reason_len);
  * the chunk size, and small enough that two slots fit the pool), and the largest slot. */
 struct phx_ctx_sizes {
     uint64_t bounce_pool, chunk, staged_chunk, max_slot;
+    uint64_t worker_bytes; /* bytes of device I/O one worker keeps in flight (chunks: at most this) */
 };
 int phx_ctx_sizes(const phx_ctx *ctx, struct phx_ctx_sizes *out);
 /* Waits for every request and stream op of the context, stops the workers, frees the
