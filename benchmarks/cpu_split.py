@@ -8,7 +8,8 @@ setup), PHX_VENDOR=nvidia, as root:
 On a "loop device over RAM (stand-in for a fast NVMe array)" (phoenix.bench.fastdev), a
 random file of --size is read cold into device memory and written back from it, once per
 setting (workers:queue depth:chunk[:inflight]), after an untimed warm-up of that setting's
-context. Each run reports GB/s, the process's CPU seconds per GB and how they split over
+context; then random reads (--random size:workers:queue depth, one read_many call, at most
+4 GiB). Each run reports GB/s, the process's CPU seconds per GB and how they split over
 its threads (/proc/self/task: the caller, phoenix's workers "phx-io", the vendor runtime's
 own threads, e.g. CUDA's callback thread), with the I/O stack's counters (chunks, ring
 enters, copy flushes, bounce-slot waits) per chunk.
@@ -27,7 +28,7 @@ import phoenix.settings as ps
 from phoenix.bench import fastdev
 from phoenix.bench.files import drop_cache, prepare_file
 from phoenix.registry import get_runtime
-from phoenix.vendor import parse_size
+from phoenix.vendor import CopyKind, parse_size
 
 TICK = os.sysconf("SC_CLK_TCK")
 COUNTERS = ("chunks_staged", "uring_enters", "copy_flushes", "pool_waits", "bg_held")
@@ -77,19 +78,40 @@ def parse_point(text: str) -> dict:
     return s
 
 
-def run_one(path, dev, size, op, settings) -> dict:
+def _random(f, dev, size, bs, nops, seed) -> int:
+    """nops bs-sized reads at random aligned offsets, one read_many call; bytes read."""
+    import numpy as np
+
+    slots = size // bs
+    offs = np.random.default_rng(seed).integers(0, slots, nops) * bs
+    got = f.read_many((dev, size), offs, bs, (np.arange(nops) % slots) * bs, check=False)
+    if (got != bs).any():
+        raise OSError(5, f"random reads: {(got != bs).sum()} of {nops} short")
+    return nops * bs
+
+
+def run_one(path, dev, size, op, settings, bs=0) -> dict:
+    """One cold run of op (read, write, or randread of bs-sized reads) after a warm-up."""
     with ps.override(**settings, mode="staged"):
         pio.prepare()
-        with pio.open(path, "r" if op == "read" else "r+") as f:  # warm-up, untimed
-            f.read((dev, 64 << 20), 64 << 20, 0) if op == "read" else f.write((dev, 64 << 20), 64 << 20, 0)
+        with pio.open(path, "r" if op != "write" else "r+") as f:  # warm-up, untimed
+            if op == "randread":
+                _random(f, dev, size, bs, 256, 1)
+            else:
+                f.read((dev, 64 << 20), 64 << 20, 0) if op == "read" else f.write((dev, 64 << 20), 64 << 20, 0)
         drop_cache(path)
+        want = min(size, 4 << 30) // bs * bs if op == "randread" else size
         c0, t0, s0 = threads_cpu(), time.perf_counter(), pio.stats()
-        with pio.open(path, "r" if op == "read" else "r+") as f:
-            n = f.read((dev, size), size, 0) if op == "read" else f.write((dev, size), size, 0)
+        with pio.open(path, "r" if op != "write" else "r+") as f:
+            if op == "randread":
+                n = _random(f, dev, size, bs, want // bs, 2)
+            else:
+                n = f.read((dev, size), size, 0) if op == "read" else f.write((dev, size), size, 0)
             if op == "write":
                 f.fsync()
         secs = time.perf_counter() - t0
         c1, s1 = threads_cpu(), pio.stats()
+        size = want
     if n != size:
         raise OSError(5, f"{op}: {n} of {size} bytes")
     by = split(c0, c1)
@@ -107,6 +129,18 @@ def run_one(path, dev, size, op, settings) -> dict:
     }
 
 
+def _touch(rt, dev, size) -> None:
+    """Write the device buffer once, untimed: no run pays first-touch faults (the host test
+    double commits its memory lazily)."""
+    n = min(size, 64 << 20)
+    host = rt.host_alloc_pinned(n)
+    try:
+        for off in range(0, size, n):
+            rt.memcpy(dev + off, host, min(n, size - off), CopyKind.HOST_TO_DEVICE)
+    finally:
+        rt.host_free_pinned(host)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     fastdev.add_argument(ap, "the file")
@@ -118,29 +152,40 @@ def main() -> int:
         help="workers:queue depth (0: the setting's):chunk[:inflight] points",
     )
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument(
+        "--random",
+        default="64K:8:8",
+        help="random reads after the sequential points: size:workers:queue depth (read_many; empty: none)",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     rt = get_runtime()
     dev = rt.device_alloc(args.size, 0)
+    _touch(rt, dev, args.size)
     recs = []
     try:
         with fastdev.directory(args, args.size + (64 << 20)) as d:
             path = os.path.join(d, "split.bin") if d else args.file
             prepare_file(path, args.size)
+            runs = [(p, op) for p in args.points.split(",") for op in ("read", "write")]
+            if args.random:
+                bs, w, q = args.random.split(":")
+                runs.append((f"{w}:{q}:{bs}", "randread"))
             for rep in range(args.reps):
-                for p in args.points.split(","):
-                    for op in ("read", "write"):
-                        r = run_one(path, dev, args.size, op, parse_point(p))
-                        r.update(rep=rep, point=p, storage=fastdev.LABEL if d else path)
-                        recs.append(r)
-                        top = ", ".join(f"{k} {v:.4f}" for k, v in list(r["by_thread_s_per_gb"].items())[:4])
-                        c = r["counters"]
-                        print(
-                            f"{op:5s} {p:12s} {r['gbps']:5.2f} GB/s cpu {r['cpu_s_per_gb']:.4f} s/GB "
-                            f"({r['cpu_us_per_chunk']:.0f} us/chunk; {top}) chunks {c['chunks_staged']} "
-                            f"enters {c['uring_enters']} flushes {c['copy_flushes']} waits {c['pool_waits']}",
-                            flush=True,
-                        )
+                for p, op in runs:
+                    pt = parse_point(p)
+                    bs = pt["chunk_size"] if op == "randread" else 0
+                    r = run_one(path, dev, args.size, op, pt, bs)
+                    r.update(rep=rep, point=p, storage=fastdev.LABEL if d else path)
+                    recs.append(r)
+                    top = ", ".join(f"{k} {v:.4f}" for k, v in list(r["by_thread_s_per_gb"].items())[:4])
+                    c = r["counters"]
+                    print(
+                        f"{op:8s} {p:12s} {r['gbps']:5.2f} GB/s cpu {r['cpu_s_per_gb']:.4f} s/GB "
+                        f"({r['cpu_us_per_chunk']:.0f} us/chunk; {top}) chunks {c['chunks_staged']} "
+                        f"enters {c['uring_enters']} flushes {c['copy_flushes']} waits {c['pool_waits']}",
+                        flush=True,
+                    )
     finally:
         rt.device_free(dev)
         if args.json:

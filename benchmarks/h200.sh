@@ -135,7 +135,8 @@ if has loaderfast; then
     # interleaved with phxloader, safetensors and fastsafetensors (wheel in .whl/), cold and warm.
     # Done when: phxloader cold >= 0.90x the raw best and faster than safetensors cold (the log's "issue 21 target").
     losetup -a; df -h /dev/shm | sed 1d
-    timeout ${PHX_LOADERFAST_TIMEOUT:-420} phx bench loader --fast-device ${PHX_LOADERFAST_DEVICE:-9G} \
+    # PHX_INFLIGHT 16M (16 workers x 1 MiB chunks): the bytes in flight this device is fastest at (its raw sweep)
+    PHX_INFLIGHT=${PHX_INFLIGHT:-16M} timeout ${PHX_LOADERFAST_TIMEOUT:-420} phx bench loader --fast-device ${PHX_LOADERFAST_DEVICE:-9G} \
         --make ${PHX_LOADERFAST_SIZE:-8G} --device cuda --reps ${PHX_LOADERFAST_REPS:-3} \
         --json "$OUT/loader-fastdev.json" > "$OUT/loader-fastdev.log" 2>&1
     echo "loaderfast rc=$?"; grep -v "^raw sweep [0-9]" "$OUT/loader-fastdev.log" | cut -c1-400 | tail -24

@@ -288,9 +288,10 @@ class PhxFile:
         ``priority``: ``"normal"`` (default) or ``"background"``. The workers run normal
         requests' chunks before background ones (one background chunk after every few
         normal ones: never starved); while normal chunks are in their I/O (or one finished
-        less than 20 ms ago) at most one background chunk is, and otherwise background
-        chunks leave a quarter of the bounce pool free: a load submitted behind gigabytes of
-        background writes (a KV engine's offloads) waits for that one chunk, not the queue.
+        less than 20 ms ago) at most one background chunk (2 MiB at most) is, and otherwise
+        background chunks leave a quarter of the bounce pool free: a load submitted behind
+        gigabytes of background writes (a KV engine's offloads) waits for that one chunk,
+        not the queue.
         Anything else raises :class:`~phoenix.checks.ArgumentError`."""
         return self._submit(OP_WRITE, buf, size, file_offset, buf_offset, stream, priority)
 

@@ -46,6 +46,11 @@
  * waits for this much of an offload, not for a whole chunk_size */
 #define IO_BG_CHUNK (2ull << 20)
 #define IO_FLUSH_BYTES (4ull << 20)     /* staged-read copies queued before their callback is launched */
+/* ... or queued this long, while the worker's ring has file I/O in flight (a completion
+ * will wake it): each launch_host_func costs the runtime's callback thread tens of
+ * microseconds, so under load a callback serves the copies of several completions. With
+ * nothing in flight, or slots awaited, the callback is launched before the worker sleeps. */
+#define IO_FLUSH_NS (250ll * 1000)
 #define IO_CACHED_CHUNK (4ull << 20)    /* staged chunks of a read from the page cache (at most) */
 #define IO_CACHED_SLOTS 4               /* ... and slots of them in use per worker (at most) */
 #define IO_BG_EVERY 8                   /* normal chunks taken per background one, at most */

@@ -14,6 +14,7 @@
  */
 #include "io_fmap.h"
 #include "io_order.h"
+#include "io_sync.h"
 #include "io_worker.h"
 
 #include <errno.h>
@@ -65,12 +66,14 @@ static void cb_read_copied_list(void *arg)
 /* Launch one completion callback per device for the staged reads whose copies this worker
  * queued since the last flush. A host callback per chunk costs the runtime's callback
  * thread ~tens of microseconds each: at 64 KiB random reads it was the bottleneck; here a
- * worker's completions of one reap share one. Called before the worker sleeps, and as
- * soon as IO_FLUSH_BYTES are queued (large chunks: their slots come back one by one, not
- * after the worker's whole round of reads, which for page-cache reads run inline). */
+ * worker's completions share one. Called as soon as IO_FLUSH_BYTES are queued (large
+ * chunks: their slots come back one by one, not after the worker's whole round of reads,
+ * which for page-cache reads run inline), and from the worker's loop when flush_due says
+ * (io_uring: before it sleeps with nothing in flight, or IO_FLUSH_NS after the oldest). */
 void flush_copies(struct io_worker *w)
 {
     const struct phx_dp_table *dp = &w->ctx->dp;
+    w->copied_since_ns = 0;
     for (int d = 0; d < IO_MAX_DEVICES; d++) {
         struct io_chunk *list = w->copied[d];
         if (!list)
@@ -141,6 +144,8 @@ void start_read_copy(struct io_worker *w, struct io_chunk *ch)
 {
     phx_req *r = ch->req;
     if (queue_dev_copy(w, ch, 1)) {
+        if (!w->copied_since_ns)
+            w->copied_since_ns = io_now_ns();
         ch->next = w->copied[r->device];
         w->copied[r->device] = ch;
         w->copied_bytes[r->device] += ch->got;

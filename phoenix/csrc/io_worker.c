@@ -390,6 +390,26 @@ static void reap(struct io_worker *w)
     w->in_reap = 0;
 }
 
+/* Launch the pending copies' callback now (io_uring loop)? Yes when nothing the worker has
+ * in the kernel would wake it, when bounce slots are awaited (the callback frees them), on
+ * stop, or IO_FLUSH_NS after the oldest copy was queued; else *wait_ns is how long it may
+ * still wait (the worker's sleep ends by then). */
+static int flush_due(struct io_worker *w, int64_t *wait_ns)
+{
+    *wait_ns = 0;
+    if (!w->copied_since_ns)
+        return 0;
+    struct io_pool *p = &w->ctx->pool;
+    if (!w->ring_inflight || atomic_load(&w->ctx->stop) || w->nparked || atomic_load(&p->worker_waiters) ||
+        __atomic_load_n(&p->cond_waiters, __ATOMIC_RELAXED))
+        return 1;
+    int64_t left = IO_FLUSH_NS - (io_now_ns() - w->copied_since_ns);
+    if (left <= 0)
+        return 1;
+    *wait_ns = left;
+    return 0;
+}
+
 static void worker_loop_ring(struct io_worker *w)
 {
     phx_ctx *ctx = w->ctx;
@@ -404,12 +424,16 @@ static void worker_loop_ring(struct io_worker *w)
                 ring_enter(&w->ring, 0);
             run_copies(w);
         }
-        flush_copies(w);
-        if (atomic_load(&ctx->stop) && w->owned == 0 && !w->ring_inflight)
+        int64_t flush_wait;
+        if (flush_due(w, &flush_wait))
+            flush_copies(w);
+        if (atomic_load(&ctx->stop) && w->owned == 0 && !w->ring_inflight && !w->copied_since_ns)
             break;
         unsigned wait = 0;
         if (!atomic_load(&w->inbox) && idle_register(w))
             wait = 1;
+        if (flush_wait > 0 && (w->look_ns <= 0 || flush_wait < w->look_ns))
+            w->look_ns = flush_wait; /* the pending copies' callback is due then */
         efd_arm(w);
         if (wait)
             timer_arm(w);

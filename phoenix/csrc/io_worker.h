@@ -45,6 +45,7 @@ struct io_worker {
     int in_reap;
     struct io_chunk *copied[IO_MAX_DEVICES];
     uint64_t copied_bytes[IO_MAX_DEVICES]; /* ... their bytes: flushed early past IO_FLUSH_BYTES */
+    int64_t copied_since_ns;  /* when the oldest of them was queued (0: none) */
     int cur_dev;
     uint64_t fence_waited[IO_MAX_DEVICES]; /* id of the fence streams[d] last waited for */
     void *start;             /* startup handshake with workers_start */

@@ -158,7 +158,8 @@ enum phx_op { PHX_OP_READ = 0, PHX_OP_WRITE = 1 };
 /* A request's priority: workers take normal chunks before background ones (a background
  * chunk still goes after every few normal ones: never starved), background chunks leave a
  * quarter of the bounce pool to normal ones, and while normal chunks are in their I/O at most
- * IO_BG_BUSY background ones are (io_common.h). Loads are normal; offloads that
+ * IO_BG_BUSY background ones are, of IO_BG_CHUNK bytes at most (io_common.h). Loads are
+ * normal; offloads that
  * nobody waits for (a KV engine's writes of new KV) are background. */
 enum phx_priority { PHX_PRIO_NORMAL = 0, PHX_PRIO_BACKGROUND = 1 };
 enum phx_mem {

@@ -414,6 +414,7 @@ def _points(args, rp, stats, note, log, on_record, records) -> None:
                 f"  {cfg:<8} conc {conc:>3}: {rec['rounds']} rounds in {rec['seconds']:.1f} s, p99 TTFT "
                 f"{'-' if ci is None else f'{p99:.3f} s (95% CI {ci[0]:.3f}-{ci[1]:.3f})'}, "
                 f"QPS {rec['qps']:.2f}{'' if rec['verified'] else ', VERIFICATION FAILED'}"
+                f" (besides: {', '.join(f'{k} {v:.1f} s' for k, v in rec.get('phase_s', {}).items())})"
                 f"{'; WARNING: loaded nothing from ' + ' or '.join(empty) if empty else ''}"
             )
             for w in sample_warnings(rec):

@@ -120,6 +120,7 @@ class Replayer:
         self.slab_write_s = 0.0
         self.staging: dict = {}
         self.poison_hook = None  # tests: called with (config, replayer) before a point's replay
+        self.phase_s: dict[str, float] = {}  # a point's wall time besides its rounds (run_point)
         self.abort = False
 
     def _state(self, i: int, initial: bool) -> SessionState:
@@ -162,6 +163,7 @@ class Replayer:
     # -- one point: (config, concurrency) -----------------------------------------------------
 
     def run_point(self, config: str, conc: int) -> dict:
+        t0 = time.perf_counter()
         self.cache.reset(config, self.history)
         if config != "dram":
             for p in (self.slab.hist_path, self.slab.path):
@@ -170,15 +172,23 @@ class Replayer:
                 self.pio.fmap_clear()  # every point starts without phoenix's page-cache mappings
         with self._engine(config):
             self.slab.open(config)
+            self.phase_s = {"setup": time.perf_counter() - t0}
             try:
                 if self.poison_hook:
                     self.poison_hook(config, self)
                 elapsed, stopped_by = self._replay(config, conc)
             finally:
+                t1 = time.perf_counter()
                 self.slab.close()
+                self.phase_s["close"] = time.perf_counter() - t1
         if self.errors:
             raise RuntimeError(f"{config} at concurrency {conc}: " + self.errors[0])
-        return self._record(config, conc, elapsed, stopped_by)
+        t2 = time.perf_counter()
+        rec = self._record(config, conc, elapsed, stopped_by)
+        self.phase_s["record"] = time.perf_counter() - t2
+        # where a point's wall time went besides its rounds (the log line says it)
+        rec["phase_s"] = {k: round(v, 3) for k, v in self.phase_s.items()}
+        return rec
 
     def _engine(self, config: str):
         """The engine's settings around a point: KvikIO's for ``kvikio``, nothing otherwise."""
@@ -202,8 +212,10 @@ class Replayer:
         next_session = [self.cmax]  # sessions below cmax are the initial ones (history on the slab)
 
         # warm-up (untimed): the initial sessions' earlier rounds went through HBM and DRAM
+        tw = time.perf_counter()
         states = [self._state(i, initial=True) for i in range(conc)]
         self._warm(states)
+        self.phase_s["warm"] = time.perf_counter() - tw
         min_samples = getattr(args, "min_samples", 0)
         duration = args.duration
         cap = max(duration, getattr(args, "max_duration", duration))
