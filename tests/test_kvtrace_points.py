@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import kvikio_double
 import numpy as np
@@ -99,6 +100,32 @@ def test_max_duration_caps_a_point_and_says_so(rt, tmp_path):
     assert rec["seconds"] < 30  # the sessions left their think time at the cap, not at the sample count
     assert any("fewer than --min-samples 100000" in w and "--max-duration" in w for w in rec["warnings"])
     assert "fewer than --min-samples" in kvtrace.table([rec])
+
+
+def test_a_point_whose_round_does_not_end_says_where_every_thread_is(rt, tmp_path, monkeypatch, capfd):
+    """A session still in its round long after the point stopped: the stacks of every thread
+    and phoenix's counters go to stderr (once), and the point still ends when it returns."""
+    from phoenix.bench.kvtrace import replay
+
+    monkeypatch.setattr(replay, "DRAIN_WARN_S", 0.3)
+    real_round = replay.Replayer.round
+    slow = {"left": 1}
+
+    def round_(self, *a, **kw):
+        if slow["left"]:
+            slow["left"] = 0
+            time.sleep(1.5)  # the first round outlives the point's 0.05 s by far more than DRAIN_WARN_S
+        return real_round(self, *a, **kw)
+
+    monkeypatch.setattr(replay.Replayer, "round", round_)
+    args = _args(tmp_path, "--configs", "phoenix", "--concurrency", "1", "--duration", "0.05", "--min-samples", "0")
+    (rec,) = kvtrace.run(args, log=_quiet)
+    err = capfd.readouterr().err
+    assert "sessions still in a round" in err and "kv-session-0" in err
+    assert "Thread" in err and "round_" in err  # faulthandler's stacks, the slow round's frame among them
+    assert "phoenix counters:" in err
+    assert err.count("sessions still in a round") == 1
+    assert rec["rounds"] >= 1 and rec["verified"]
 
 
 # ---- --stop-over -------------------------------------------------------------------------------------

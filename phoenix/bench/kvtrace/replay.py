@@ -32,6 +32,33 @@ from .report import CONFIGS, bootstrap_ci, pct
 from .tiers import Counts, KVCache, Slab, host_view
 from .trace import Session, Trace, scale_trace
 
+#: a point whose sessions are still in their rounds this long after it stopped (or was
+#: interrupted) has every thread's stack written to stderr, with phoenix's counters
+DRAIN_WARN_S = 60.0
+
+
+def _dump_stuck(config: str, conc: int, alive, waited: float) -> None:
+    """Say on stderr which sessions of a point have not left their round, where every
+    thread is (faulthandler) and phoenix's counters: a point that does not end is found."""
+    import faulthandler
+    import sys
+
+    names = ", ".join(t.name for t in alive)
+    print(
+        f"kv-trace: {config} at concurrency {conc}: {len(alive)} sessions still in a round {waited:.0f} s after "
+        f"the point stopped ({names}); every thread's stack follows",
+        file=sys.stderr,
+        flush=True,
+    )
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    pio = sys.modules.get("phoenix.io")
+    if pio is not None:
+        try:
+            print(f"phoenix counters: {pio.stats()}", file=sys.stderr, flush=True)
+        except Exception as exc:  # a diagnostic must not raise
+            print(f"phoenix counters: unavailable ({exc})", file=sys.stderr, flush=True)
+
+
 __all__ = ["CONFIGS", "Replayer", "TooLarge"]
 
 
@@ -274,6 +301,8 @@ class Replayer:
         for t in threads:
             t.start()
         stopped_by = None
+        stopped_at = 0.0
+        dumped = False
         try:
             while True:  # the main thread watches the stop condition; the sessions run
                 alive = [t for t in threads if t.is_alive()]
@@ -283,10 +312,19 @@ class Replayer:
                     stopped_by = stop_reason() or ("error" if self.abort else None)
                     if stopped_by:
                         stop.set()
+                        stopped_at = time.perf_counter()
+                elif not dumped and time.perf_counter() - stopped_at > DRAIN_WARN_S:
+                    dumped = True  # sessions still in a round long after the stop: say where they are
+                    _dump_stuck(config, conc, alive, time.perf_counter() - stopped_at)
                 alive[0].join(0.01)
         finally:
             stop.set()  # an interrupt: the sessions leave after their round
             for t in threads:
+                t.join(DRAIN_WARN_S if not dumped else None)
+            alive = [t for t in threads if t.is_alive()]
+            if alive and not dumped:
+                _dump_stuck(config, conc, alive, DRAIN_WARN_S)
+            for t in alive:
                 t.join()
         return time.perf_counter() - t_start, stopped_by or "trace_end"
 
