@@ -27,7 +27,9 @@
 # Simulated: the trace (seeded, 64 sessions), think times x0.1, token counts x0.25.
 #
 # Each point runs >= 5 s and until it has 200 TTFT samples (--min-samples), at most
-# PHX_KV_MAX_DURATION (40 s; a point stopped there says samples_short); p99 comes with a bootstrap
+# PHX_KV_MAX_DURATION (40 s; a point stopped there says samples_short), then waits for the rounds
+# in progress (at saturation that is one more TTFT; a session still in its round 60 s after the
+# stop has every thread's stack and phoenix's counters written to the log); p99 comes with a bootstrap
 # 95% CI; a configuration whose p99 CI is wholly over 3 x the 5 s threshold is not run at higher
 # concurrencies (--stop-over 3). Points run concurrency-major (all configurations at 2, then 4, ...).
 #
