@@ -27,8 +27,9 @@ import phoenix.io as pio
 import phoenix.settings as ps
 from phoenix.bench import fastdev
 from phoenix.bench.files import drop_cache, prepare_file
+from phoenix.bench.throughput import touch_device
 from phoenix.registry import get_runtime
-from phoenix.vendor import CopyKind, parse_size
+from phoenix.vendor import parse_size
 
 TICK = os.sysconf("SC_CLK_TCK")
 COUNTERS = ("chunks_staged", "uring_enters", "copy_flushes", "pool_waits", "bg_held")
@@ -129,18 +130,6 @@ def run_one(path, dev, size, op, settings, bs=0) -> dict:
     }
 
 
-def _touch(rt, dev, size) -> None:
-    """Write the device buffer once, untimed: no run pays first-touch faults (the host test
-    double commits its memory lazily)."""
-    n = min(size, 64 << 20)
-    host = rt.host_alloc_pinned(n)
-    try:
-        for off in range(0, size, n):
-            rt.memcpy(dev + off, host, min(n, size - off), CopyKind.HOST_TO_DEVICE)
-    finally:
-        rt.host_free_pinned(host)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     fastdev.add_argument(ap, "the file")
@@ -161,7 +150,7 @@ def main() -> int:
     args = ap.parse_args()
     rt = get_runtime()
     dev = rt.device_alloc(args.size, 0)
-    _touch(rt, dev, args.size)
+    touch_device(rt, dev, args.size)
     recs = []
     try:
         with fastdev.directory(args, args.size + (64 << 20)) as d:

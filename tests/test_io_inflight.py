@@ -9,14 +9,13 @@ checked untouched.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 import phoenix.io as pio
 import phoenix.settings as ps
 from phoenix._info import sizes
+from phoenix.bench.files import drop_cache
 
 MiB = 1 << 20
 SIZE = 32 * MiB
@@ -28,20 +27,11 @@ def engine(request):
     pio.shutdown()
 
 
-def _drop(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _file(tmp_path, n, seed):
     data = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
     p = tmp_path / f"f{seed}.bin"
     p.write_bytes(data.tobytes())
-    _drop(p)
+    assert drop_cache(str(p)).startswith("fadvise")  # cold: the reads below come from the device
     return p, data
 
 

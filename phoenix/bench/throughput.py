@@ -85,6 +85,20 @@ def _phx_settings(threads: int, chunk: int, qd: int = 0) -> dict:
     return {"threads": threads, "chunk_size": chunk, **({"queue_depth": qd} if qd else {})}
 
 
+def touch_device(rt, dev: int, size: int) -> None:
+    """Write a whole device buffer once before anything is timed, so that no implementation
+    pays for first-touch faults (the host test double commits its arena lazily) or
+    first-use mapping of device pages on behalf of the others."""
+    n = min(size, 64 << 20)
+    host = rt.host_alloc_pinned(n)
+    try:
+        ctypes.memset(host, 0x5A, n)
+        for off in range(0, size, n):
+            rt.memcpy(dev + off, host, min(n, size - off), CopyKind.HOST_TO_DEVICE)
+    finally:
+        rt.host_free_pinned(host)
+
+
 class Bench:
     def __init__(self, args, records: list[dict] | None = None):
         import phoenix
@@ -104,17 +118,7 @@ class Bench:
         self._touch_device()
 
     def _touch_device(self):
-        """Write the whole device buffer once before anything is timed, so that no
-        implementation pays for first-touch faults (the host test double commits its arena
-        lazily) or first-use mapping of device pages on behalf of the others."""
-        n = min(self.args.size, 64 << 20)
-        host = self.rt.host_alloc_pinned(n)
-        try:
-            ctypes.memset(host, 0x5A, n)
-            for off in range(0, self.args.size, n):
-                self.rt.memcpy(self.dev + off, host, min(n, self.args.size - off), CopyKind.HOST_TO_DEVICE)
-        finally:
-            self.rt.host_free_pinned(host)
+        touch_device(self.rt, self.dev, self.args.size)
 
     def settle(self):
         """Let background work of a first read finish (page-cache mapping registrations),
@@ -218,6 +222,16 @@ class Bench:
                 f.fsync()
                 return n
 
+    def _random_offsets(self, size, bs, nops):
+        """nops bs-aligned file offsets at random (a fresh seed each call: 42, 43, ...) and
+        the buffer offsets they land at (in order, wrapping at size)."""
+        import numpy as np
+
+        slots = size // bs
+        self.random_seed += 1
+        offs = np.random.default_rng(self.random_seed).integers(0, slots, nops) * bs
+        return offs, (np.arange(nops) % slots) * bs
+
     def _phoenix_random(self, size, bs, qd, nops, per_request=False):
         """nops random bs-sized reads into device memory, qd in flight in all (as the raw
         reference: qd threads, one each): ``random_threads`` workers with qd / workers each.
@@ -227,11 +241,7 @@ class Bench:
         so that no run meets blocks a previous one left in a cache below the guest's."""
         import numpy as np
 
-        slots = size // bs
-        self.random_seed += 1
-        rng = np.random.default_rng(self.random_seed)
-        offs = rng.integers(0, slots, nops) * bs
-        bufo = (np.arange(nops) % slots) * bs
+        offs, bufo = self._random_offsets(size, bs, nops)
         t = max(1, min(qd, getattr(self.args, "random_threads", 8)))
         with self.phoenix.settings.override(threads=t, queue_depth=max(1, -(-qd // t))):
             with self.phoenix.open(self.args.file, "r") as f:
@@ -268,13 +278,9 @@ class Bench:
         waited for."""
         import kvikio
         import kvikio.defaults
-        import numpy as np
 
         arr = self._kvikio_array(size)
-        slots = size // bs
-        self.random_seed += 1
-        offs = np.random.default_rng(self.random_seed).integers(0, slots, nops) * bs
-        bufo = (np.arange(nops) % slots) * bs
+        offs, bufo = self._random_offsets(size, bs, nops)
         with kvikio.defaults.set({"num_threads": qd, "task_size": bs, "compat_mode": kvikio.CompatMode.ON}):
             with kvikio.CuFile(self.args.file, "r") as f:
                 futs = [f.pread(arr[b : b + bs], bs, int(o)) for o, b in zip(offs.tolist(), bufo.tolist(), strict=True)]

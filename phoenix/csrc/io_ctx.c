@@ -98,9 +98,8 @@ static int ctx_create_engine(const struct phx_io_config *cfg, const struct phx_d
     fmap_init(ctx);
     /* bounce pool 0 = auto: four slots of a device chunk per worker (one being read, the
      * others waiting for or in their device copy and its completion callback), so that no
-     * worker waits for a
-     * slot at the configured concurrency: two slots per worker throttled warm staged
-     * reads (a slot lives for the read, the copy and the callback's latency) */
+     * worker waits for a slot at the configured concurrency: two slots per worker throttled
+     * warm staged reads (a slot lives for the read, the copy and the callback's latency) */
     if (ctx->cfg.bounce_pool_size == 0) {
         uint64_t c = cfg->chunk_size < ctx->worker_bytes ? cfg->chunk_size : ctx->worker_bytes;
         uint64_t want = 4ull * cfg->threads * pool_round(c + 2 * IO_MAX_ALIGN);

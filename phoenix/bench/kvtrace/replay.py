@@ -319,8 +319,9 @@ class Replayer:
                 alive[0].join(0.01)
         finally:
             stop.set()  # an interrupt: the sessions leave after their round
-            for t in threads:
-                t.join(DRAIN_WARN_S if not dumped else None)
+            deadline = time.perf_counter() + DRAIN_WARN_S
+            for t in threads:  # DRAIN_WARN_S for all of them, then they are said to be stuck
+                t.join(None if dumped else max(0.0, deadline - time.perf_counter()))
             alive = [t for t in threads if t.is_alive()]
             if alive and not dumped:
                 _dump_stuck(config, conc, alive, DRAIN_WARN_S)
