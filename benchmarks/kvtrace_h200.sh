@@ -16,7 +16,9 @@
 #          for a fast NVMe array; root, and the slab's size free in /dev/shm)
 #   tmpfs: /dev/shm itself: the slab is page cache (RAM-backed, faster than any drive)
 # Configurations: dram (evicted KV recomputed), staged (naive pread + synchronous copy), kvikio
-# (KvikIO compat mode, 16 threads, 4 MiB tasks: what a user picks today), phoenix.
+# (KvikIO compat mode, 16 threads, 4 MiB tasks, its opportunistic Direct I/O on: what a user picks
+# today for a tier larger than RAM; PHX_KV_KVIKIO_DIRECT=off reads through the page cache, which
+# here holds the whole slab: a RAM tier the others lack), phoenix (PHX_INFLIGHT 16M on the loop tier).
 #
 # Model geometry: Llama-3-8B-like (32 layers, 8 KV heads, head dim 128, fp16: 128 KiB/token),
 # blocks of 256 tokens (32 MiB). HBM 6 GiB for KV, DRAM 4 GiB pinned, SSD tier 12 GiB of demoted
@@ -68,6 +70,7 @@ COMMON=(--layers 32 --kv-heads 8 --head-dim 128 --q-heads 32 --ffn 14336 --dtype
         --sessions 64 --seed 0 --token-scale "${PHX_KV_TOKEN_SCALE:-0.25}" --time-scale "${PHX_KV_TIME_SCALE:-0.1}"
         --warm-start 0.4 --threshold 5 --prefill-chunk 4096
         --configs "${PHX_KV_CONFIGS:-dram,staged,kvikio,phoenix}" --kvikio-threads 16 --kvikio-task 4M
+        --kvikio-direct "${PHX_KV_KVIKIO_DIRECT:-on}"
         --duration "${PHX_KV_DURATION:-5}" --min-samples "${PHX_KV_MIN_SAMPLES:-200}"
         --max-duration "${PHX_KV_MAX_DURATION:-40}" --stop-over "${PHX_KV_STOP_OVER:-3}")
 
@@ -100,7 +103,9 @@ fi
 
 if has loop; then
     # the label defaults to the fast device's own: "loop device over RAM (stand-in for a fast NVMe array)"
-    tier loop "${PHX_KV_LOOP_TIMEOUT:-$STAGE_TIMEOUT}" "${PHX_KV_LOOP_CONC:-$CONC}" \
+    # phoenix keeps 16 MiB of device I/O in flight there, as the loaderfast stage: the loop
+    # device (one kernel thread copying to tmpfs) slows as bytes in flight grow
+    PHX_INFLIGHT=${PHX_KV_LOOP_INFLIGHT:-16M} tier loop "${PHX_KV_LOOP_TIMEOUT:-$STAGE_TIMEOUT}" "${PHX_KV_LOOP_CONC:-$CONC}" \
         --slab /root/phx-kvtrace.slab --fast-device "${PHX_KV_FAST_DEVICE:-auto}"
     losetup -a | grep phx-fastdev && echo "WARNING: a phx-fastdev loop device is left (losetup -d it)"
 fi

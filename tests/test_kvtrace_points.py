@@ -169,9 +169,13 @@ def test_stop_over_leaves_higher_concurrencies_unrun(rt, tmp_path):
 # ---- the kvikio configuration, through the test double ---------------------------------------------
 
 
-def test_kvikio_configuration_round_trips_through_the_double(rt, tmp_path, monkeypatch):
+@pytest.mark.parametrize("direct", ["on", "off"])
+def test_kvikio_configuration_round_trips_through_the_double(rt, tmp_path, monkeypatch, direct):
     double = kvikio_double.install(monkeypatch)
-    args = _args(tmp_path, "--configs", "kvikio", "--concurrency", "4", "--kvikio-threads", "3", "--kvikio-task", "64K")
+    args = _args(
+        tmp_path, "--configs", "kvikio", "--concurrency", "4", "--kvikio-threads", "3", "--kvikio-task", "64K",
+        "--kvikio-direct", direct,
+    )  # fmt: skip
     args.duration = 2.0
     args.hbm, args.dram = args.hbm // 4, args.dram // 4  # small tiers: the SSD tier is loaded and written
     (rec,) = kvtrace.run(args, log=_quiet)
@@ -183,9 +187,13 @@ def test_kvikio_configuration_round_trips_through_the_double(rt, tmp_path, monke
         "compat_mode": "ON",
         "num_threads": 3,
         "task_size": 64 << 10,
+        "direct_io": "opportunistic O_DIRECT reads and writes" if direct == "on" else "off: through the page cache",
         "test_double": True,
     }
-    assert {"compat_mode": double.CompatMode.ON, "num_threads": 3, "task_size": 64 << 10} in kvikio_double.SET_CALLS
+    on = direct == "on"
+    want = {"compat_mode": double.CompatMode.ON, "num_threads": 3, "task_size": 64 << 10}
+    want.update(auto_direct_io_read=on, auto_direct_io_write=on)
+    assert want in kvikio_double.SET_CALLS
     reads = [x for x in kvikio_double.CALLS if x[0] == "pread"]
     writes = [x for x in kvikio_double.CALLS if x[0] == "pwrite"]
     assert len(reads) == c["ssd_loads"] and all(dev for *_, dev in reads)  # into device memory (CuPy views)

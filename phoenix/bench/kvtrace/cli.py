@@ -194,6 +194,14 @@ def add_parser(sub) -> None:
     k.add_argument(
         "--kvikio-task", type=positive_size, default=parse_size("4M"), help="KvikIO's task_size (default 4M)"
     )
+    k.add_argument(
+        "--kvikio-direct",
+        choices=("on", "off"),
+        default="on",
+        help="KvikIO's opportunistic Direct I/O (auto_direct_io_read/_write) for the slab (default on: O_DIRECT, as "
+        "phoenix and staged read it; off: through the page cache, which on a host whose RAM holds the slab is an "
+        "unbounded RAM tier the other configurations do not have)",
+    )
     p.add_argument(
         "--prefill-chunk", type=positive_int, default=4096, help="chunked prefill: tokens per chunk (default 4096)"
     )
@@ -284,6 +292,7 @@ def _meta(args, rp, stats, note: str) -> dict:
         "stop_over": args.stop_over,
         "kvikio_threads": args.kvikio_threads,
         "kvikio_task": args.kvikio_task,
+        "kvikio_direct": args.kvikio_direct,
         "warm_start": args.warm_start,
         "trace": args.trace or f"generated seed {args.seed}",
         "trace_stats": stats,

@@ -3,9 +3,12 @@
 Benchmark side. Availability and settings are control plane; the reads and writes are the
 data path, in KvikIO's own thread pool. What a KvikIO user does today, with its best settings:
 
-* compat mode ON (POSIX I/O, no GDS), ``num_threads`` ``--kvikio-threads`` (default 16) and
-  ``task_size`` ``--kvikio-task`` (default 4M), set with ``kvikio.defaults.set`` around each
-  point (the files are opened inside, as compat mode is taken at open);
+* compat mode ON (POSIX I/O, no GDS), ``num_threads`` ``--kvikio-threads`` (default 16),
+  ``task_size`` ``--kvikio-task`` (default 4M) and, with ``--kvikio-direct on`` (the default),
+  KvikIO's opportunistic Direct I/O for reads and writes (``auto_direct_io_read`` /
+  ``auto_direct_io_write``: O_DIRECT where aligned, as phoenix and the staged loop read the
+  slab), set with ``kvikio.defaults.set`` around each point (the files are opened inside, as
+  compat mode is taken at open);
 * a load from the SSD tier: ``CuFile(path, "r").pread(view, size, offset)`` (``"r+"`` for the
   file of demoted blocks, which is written too) into a CuPy view
   of the HBM block (``cupy.cuda.UnownedMemory`` + ``MemoryPointer`` + ``ndarray``: no copy,
@@ -15,8 +18,10 @@ data path, in KvikIO's own thread pool. What a KvikIO user does today, with its 
   as the staged loop's write is; one evicted straight from HBM (DRAM full of pinned loads):
   ``pwrite`` from a CuPy view of the device block (KvikIO bounces it through its own buffer).
 
-KvikIO opens its files without O_DIRECT unless its own settings say otherwise, so its reads
-and writes go through the page cache (each point starts with the slab dropped from it).
+With ``--kvikio-direct off`` KvikIO reads and writes through the page cache (each point
+starts with the slab dropped from it). Where RAM holds the whole slab (the loop device and
+tmpfs tiers of a large host) the page cache is then a RAM tier the others lack, unbounded by
+``--dram``: its blocks written during a point are read back from memory, not the drive.
 Device memory must be CUDA's: on another vendor the configuration is refused, except for a
 module marked ``IS_TEST_DOUBLE`` (tests/kvikio_double.py), which copies through the vendor.
 """
@@ -60,22 +65,25 @@ def version() -> str:
 
 
 @contextlib.contextmanager
-def settings(threads: int, task_size: int):
-    """KvikIO's compat mode, thread pool and task size for the duration of a point."""
+def settings(threads: int, task_size: int, direct: bool = True):
+    """KvikIO's compat mode, thread pool, task size and Direct I/O for the duration of a point."""
     import kvikio
     import kvikio.defaults
 
-    with kvikio.defaults.set({"compat_mode": kvikio.CompatMode.ON, "num_threads": threads, "task_size": task_size}):
+    config = {"compat_mode": kvikio.CompatMode.ON, "num_threads": threads, "task_size": task_size}
+    config.update(auto_direct_io_read=direct, auto_direct_io_write=direct)
+    with kvikio.defaults.set(config):
         yield
 
 
-def info(threads: int, task_size: int) -> dict:
+def info(threads: int, task_size: int, direct: bool = True) -> dict:
     """What a kvikio record says about the engine."""
     return {
         "version": version(),
         "compat_mode": "ON",
         "num_threads": threads,
         "task_size": task_size,
+        "direct_io": "opportunistic O_DIRECT reads and writes" if direct else "off: through the page cache",
         "test_double": is_test_double(),
     }
 

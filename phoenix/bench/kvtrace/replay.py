@@ -223,7 +223,10 @@ class Replayer:
             return contextlib.nullcontext()
         from . import kvikio_io
 
-        return kvikio_io.settings(self.args.kvikio_threads, self.args.kvikio_task)
+        return kvikio_io.settings(self.args.kvikio_threads, self.args.kvikio_task, self._kvikio_direct())
+
+    def _kvikio_direct(self) -> bool:
+        return getattr(self.args, "kvikio_direct", "on") == "on"
 
     def _replay(self, config: str, conc: int) -> tuple[float, str]:
         """The sessions of one point, as threads, until the point's stop condition holds.
@@ -629,5 +632,10 @@ class Replayer:
         if config == "kvikio":
             from . import kvikio_io
 
-            rec["kvikio"] = kvikio_io.info(self.args.kvikio_threads, self.args.kvikio_task)
+            rec["kvikio"] = kvikio_io.info(self.args.kvikio_threads, self.args.kvikio_task, self._kvikio_direct())
+        elif config == "phoenix":
+            from phoenix import _info
+
+            rec["phoenix"] = {k: phoenix.settings.effective(k) for k in ("threads", "inflight", "fmap_mode")}
+            rec["phoenix"]["sizes"] = _info.sizes()
         return rec
