@@ -115,9 +115,6 @@ class Bench:
         self.device = args.device
         self.dev = self.rt.device_alloc(args.size, args.device)
         self.dp = self.rt.data_path()
-        self._touch_device()
-
-    def _touch_device(self):
         touch_device(self.rt, self.dev, self.args.size)
 
     def settle(self):

@@ -70,8 +70,13 @@ def settings(threads: int, task_size: int, direct: bool = True):
     import kvikio
     import kvikio.defaults
 
-    config = {"compat_mode": kvikio.CompatMode.ON, "num_threads": threads, "task_size": task_size}
-    config.update(auto_direct_io_read=direct, auto_direct_io_write=direct)
+    config = {
+        "compat_mode": kvikio.CompatMode.ON,
+        "num_threads": threads,
+        "task_size": task_size,
+        "auto_direct_io_read": direct,
+        "auto_direct_io_write": direct,
+    }
     with kvikio.defaults.set(config):
         yield
 
