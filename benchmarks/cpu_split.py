@@ -32,7 +32,7 @@ from phoenix.registry import get_runtime
 from phoenix.vendor import parse_size
 
 TICK = os.sysconf("SC_CLK_TCK")
-COUNTERS = ("chunks_staged", "uring_enters", "copy_flushes", "pool_waits", "bg_held")
+COUNTERS = ("chunks_staged", "uring_enters", "copy_flushes", "copy_events", "pool_waits", "bg_held", "io_fixed")
 
 
 def threads_cpu() -> dict[int, tuple[str, float]]:
@@ -146,8 +146,23 @@ def main() -> int:
         default="64K:8:8",
         help="random reads after the sequential points: size:workers:queue depth (read_many; empty: none)",
     )
+    ap.add_argument(
+        "--fixed-buffers",
+        default="on",
+        help="fixed_buffers settings to run each point with, alternating (on,off: registered buffers against not)",
+    )
+    ap.add_argument(
+        "--copy-completion",
+        default="auto",
+        help="copy_completion settings to run each point with, alternating (auto,callback: polled events against callbacks)",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
+    variants = [
+        {"fixed_buffers": fb, "copy_completion": cc}
+        for fb in args.fixed_buffers.split(",")
+        for cc in args.copy_completion.split(",")
+    ]
     rt = get_runtime()
     dev = rt.device_alloc(args.size, 0)
     touch_device(rt, dev, args.size)
@@ -161,8 +176,8 @@ def main() -> int:
                 bs, w, q = args.random.split(":")
                 runs.append((f"{w}:{q}:{bs}", "randread"))
             for rep in range(args.reps):
-                for p, op in runs:
-                    pt = parse_point(p)
+                for (p, op), var in ((run, var) for run in runs for var in variants):
+                    pt = {**parse_point(p), **var}
                     bs = pt["chunk_size"] if op == "randread" else 0
                     r = run_one(path, dev, args.size, op, pt, bs)
                     r.update(rep=rep, point=p, storage=fastdev.LABEL if d else path)
@@ -170,9 +185,9 @@ def main() -> int:
                     top = ", ".join(f"{k} {v:.4f}" for k, v in list(r["by_thread_s_per_gb"].items())[:4])
                     c = r["counters"]
                     print(
-                        f"{op:8s} {p:12s} {r['gbps']:5.2f} GB/s cpu {r['cpu_s_per_gb']:.4f} s/GB "
+                        f"{op:8s} {p:12s} {var['fixed_buffers']:>3s}/{var['copy_completion']:8s} {r['gbps']:5.2f} GB/s cpu {r['cpu_s_per_gb']:.4f} s/GB "
                         f"({r['cpu_us_per_chunk']:.0f} us/chunk; {top}) chunks {c['chunks_staged']} "
-                        f"enters {c['uring_enters']} flushes {c['copy_flushes']} waits {c['pool_waits']}",
+                        f"enters {c['uring_enters']} flushes {c['copy_flushes']} waits {c['pool_waits']} fixed {c['io_fixed']} events {c['copy_events']}",
                         flush=True,
                     )
     finally:

@@ -85,10 +85,13 @@ fi
 if has cpusplit; then
     # issue 21: where phoenix's CPU goes per chunk on the loop device over RAM: cold reads and writes of a 4 GiB file
     # at several workers:queue depth:chunk points, CPU split per thread (caller, phx-io workers, the runtime's threads)
+    # (PHX_SPLIT_FIXED=on,off / PHX_SPLIT_COMPLETION=auto,callback: each point with registered buffers or not, with
+    # polled events or host callbacks, alternating)
     timeout ${PHX_SPLIT_TIMEOUT:-150} python3 -P benchmarks/cpu_split.py --fast-device 5G --size 4G \
-        --reps ${PHX_SPLIT_REPS:-1} ${PHX_SPLIT_POINTS:+--points $PHX_SPLIT_POINTS} --json "$OUT/cpu-split.json" \
+        --reps ${PHX_SPLIT_REPS:-1} ${PHX_SPLIT_POINTS:+--points $PHX_SPLIT_POINTS} ${PHX_SPLIT_RANDOM:+--random $PHX_SPLIT_RANDOM} \
+        --fixed-buffers ${PHX_SPLIT_FIXED:-on} --copy-completion ${PHX_SPLIT_COMPLETION:-auto} --json "$OUT/cpu-split.json" \
         > "$OUT/cpu-split.log" 2>&1
-    echo "cpusplit rc=$?"; cut -c1-300 "$OUT/cpu-split.log" | tail -16
+    echo "cpusplit rc=$?"; cut -c1-300 "$OUT/cpu-split.log" | tail -40
 fi
 
 if has fastdev; then

@@ -19,7 +19,7 @@ import weakref
 
 from . import registry as _registry
 from . import settings as _settings
-from ._abi import _P, CFG_CPU_COPIES, ENGINE, ENGINE_NAME, FMAP_MODE, _Config, _lib
+from ._abi import _P, CFG_CALLBACKS, CFG_CPU_COPIES, CFG_NO_FIXED_BUFFERS, ENGINE, ENGINE_NAME, FMAP_MODE, _Config, _lib
 from ._futures import _prune_stream_ops
 from .errors import PhxIOError
 
@@ -61,6 +61,8 @@ def make_config(s: _settings.Settings, runtime=None) -> _Config:
     """``struct phx_io_config`` for a set of settings and the runtime they are applied
     with (every context is built from one)."""
     flags = CFG_CPU_COPIES if runtime is not None and getattr(runtime, "is_test_double", False) else 0
+    flags |= 0 if s.fixed_buffers else CFG_NO_FIXED_BUFFERS
+    flags |= CFG_CALLBACKS if s.copy_completion == "callback" else 0
     return _Config(
         s.threads,
         s.queue_depth,

@@ -27,7 +27,10 @@ def stats() -> dict:
     a window is unregistered -- never above each pool's ``fmap_cache``; fmap_hits and fmap_misses: staged
     reads into device memory served from a registered mapping, or not); pool_waits
     (chunks that waited for a bounce slot, or for one of their worker's page-cache slots)
-    and copy_flushes (completion callbacks launched for staged reads' device copies)."""
+    copy_flushes (batches of staged reads' device copies given a completion: a callback
+    launched, or an event), copy_events (events recorded after staged copies, which the
+    io_uring workers poll instead of host callbacks: reads' batches and writes) and io_fixed
+    (io_uring reads and writes of bounce slots on registered buffers)."""
     _prune_stream_ops()
     st = _Stats()
     _lib.phx_io_get_stats(ctypes.byref(st))

@@ -181,6 +181,8 @@ class CudaLikeRuntime(PointerQueries, VendorRuntime):
     host_register_flags = 1
     #: flags of the events the I/O core records (cudaEventDisableTiming: cheaper records)
     event_flags = 2
+    #: the status of an event query before the stream reaches the record (cudaErrorNotReady; HIP's is equal)
+    not_ready = 600
     #: the runtime's error numbers for the errors the port raises itself (CUDA's; HIP's are equal)
     invalid_value = INVALID_VALUE
     invalid_memcpy_direction = INVALID_MEMCPY_DIRECTION
@@ -711,7 +713,10 @@ class CudaLikeRuntime(PointerQueries, VendorRuntime):
         }
         if not all(hasattr(h, sym) for sym in names.values()):
             return {}
-        return {"event_flags": self.event_flags, **{field: self.rt.address(sym) for field, sym in names.items()}}
+        out = {"event_flags": self.event_flags, **{field: self.rt.address(sym) for field, sym in names.items()}}
+        if hasattr(h, f"{P}EventQuery"):  # completion by polling (optional)
+            out.update(not_ready=self.not_ready, event_query=self.rt.address(f"{P}EventQuery"))
+        return out
 
     # -- lifetime ----------------------------------------------------------------
 

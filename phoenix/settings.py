@@ -81,6 +81,20 @@ setting                  environment                   default    meaning
                                                                   read-only flag (CUDA: portable 1 | read-only 8);
                                                                   a number is passed as is. A refusal is retried
                                                                   without read-only, then the window is never retried.
+``fixed_buffers``        ``PHX_FIXED_BUFFERS``         on         ``on``: each io_uring worker registers the bounce
+                                                                  pool with its ring (once per segment), so a staged
+                                                                  read or write does not pin its pages per I/O (the
+                                                                  larger part of an O_DIRECT submission's CPU). A
+                                                                  segment the kernel refuses (``RLIMIT_MEMLOCK``
+                                                                  without ``CAP_IPC_LOCK``) is read and written
+                                                                  plainly. ``off``: never (a comparison).
+``copy_completion``      ``PHX_COPY_COMPLETION``       auto       how an io_uring worker learns that its staged
+                                                                  copies to or from device memory are done.
+                                                                  ``auto``: it records an event after them and
+                                                                  polls it between I/Os, where the vendor has
+                                                                  ``event_query``; else, and with ``callback``, a
+                                                                  host callback on the copy stream (each costs the
+                                                                  runtime's callback thread tens of microseconds).
 =======================  ============================  =========  =====================================================
 
 Per file, ``phoenix.io.open(..., direct=None|True|False)`` chooses O_DIRECT (None: where the
@@ -118,6 +132,7 @@ from .vendor import parse_size
 MODES = ("auto", "staged", "direct")
 ENGINES = ("auto", "io_uring", "threads")
 FMAP_MODES = ("auto", "off", "sync")
+COPY_COMPLETIONS = ("auto", "callback")
 
 #: setting name -> environment variable
 ENV = {
@@ -134,6 +149,8 @@ ENV = {
     "fmap_mode": "PHX_FMAP_MODE",
     "fmap_window": "PHX_FMAP_WINDOW",
     "fmap_register_flags": "PHX_FMAP_REGISTER_FLAGS",
+    "fixed_buffers": "PHX_FIXED_BUFFERS",
+    "copy_completion": "PHX_COPY_COMPLETION",
 }
 
 
@@ -164,6 +181,8 @@ DEFAULTS = {
     "fmap_mode": "auto",
     "fmap_window": 1 << 30,
     "fmap_register_flags": "vendor",  # resolved per runtime by phoenix._engine.fmap_register_flags
+    "fixed_buffers": True,
+    "copy_completion": "auto",
 }
 
 
@@ -184,6 +203,8 @@ class Settings:
     fmap_mode: str
     fmap_window: int
     fmap_register_flags: int | str  #: a number, or "vendor"
+    fixed_buffers: bool
+    copy_completion: str
 
     def pool_key(self) -> tuple:
         """The values a worker pool is built with (mode is per request; the vendor's runtime
@@ -201,6 +222,8 @@ class Settings:
             self.fmap_mode,
             self.fmap_window,
             self.fmap_register_flags,
+            self.fixed_buffers,
+            self.copy_completion,
         )
 
 
@@ -212,11 +235,16 @@ def _check(name: str, value, source: str):
         if not text:
             raise ValueError(f"{source}: vendor={value!r} is not a vendor name (auto, host, nvidia, ...)")
         return text
+    if name == "fixed_buffers":
+        text = str(value).strip().lower()
+        if isinstance(value, bool) or text in ("on", "off", "1", "0", "true", "false", "yes", "no"):
+            return value if isinstance(value, bool) else text in ("on", "1", "true", "yes")
+        raise ValueError(f"{source}: fixed_buffers={value!r} is not on or off")
     if name == "fmap_register_flags" and isinstance(value, str) and value.strip().lower() == "vendor":
         return "vendor"
-    if name in ("mode", "engine", "fmap_mode"):
+    if name in ("mode", "engine", "fmap_mode", "copy_completion"):
         text = str(value).strip().lower()
-        choices = MODES if name == "mode" else ENGINES if name == "engine" else FMAP_MODES
+        choices = {"mode": MODES, "engine": ENGINES, "fmap_mode": FMAP_MODES, "copy_completion": COPY_COMPLETIONS}[name]
         if text not in choices:
             raise ValueError(f"{source}: {name}={value!r} is not one of {', '.join(choices)}")
         return text

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from .errors import VendorNotImplemented
 
 #: Version of the :class:`DataPathTable` layout; bumped on any change to it.
-DATA_PATH_ABI = 2
+DATA_PATH_ABI = 3
 
 #: What a test-double runtime is called wherever it shows (probe reasons, reports, phx info).
 #: Defined here, on the core side, so a port labels an emulator without importing the
@@ -112,6 +112,11 @@ class DataPathTable(ctypes.Structure):
       the disk writes directly waits for it on the host. Without them, phoenix
       synchronizes the caller's stream before it submits (correct, but the caller's
       thread waits for all its queued work first); ``phx info`` says which.
+    * ``event_query(ev)`` (optional, with the events; ``not_ready`` is its status before
+      the stream reaches the record): phoenix's io_uring workers record an event after
+      their copies and query it between I/Os, instead of a host callback per batch of
+      copies (a callback costs the runtime's callback thread tens of microseconds).
+      Without it they launch host callbacks.
     """
 
     _fields_ = [
@@ -155,6 +160,10 @@ class DataPathTable(ctypes.Structure):
         ("event_synchronize", ctypes.c_void_p),
         # int event_destroy(void *event)
         ("event_destroy", ctypes.c_void_p),
+        # the status event_query returns before the stream reaches the record (CUDA, HIP: 600)
+        ("not_ready", ctypes.c_int),
+        # int event_query(void *event): success once the stream passed the latest record
+        ("event_query", ctypes.c_void_p),
     ]
 
     REQUIRED = (

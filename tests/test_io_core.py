@@ -378,6 +378,64 @@ def test_open_modes(rt, tmp_path):
 # ---- the page cache ------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("fixed", [True, False])
+def test_staged_io_on_registered_buffers(rt, dev, tmp_path, fixed):
+    """io_uring: staged reads and writes use the bounce pool as registered buffers
+    (READ_FIXED / WRITE_FIXED) unless fixed_buffers=off; the bytes are the same either way,
+    unaligned extents, several chunks and a short read at the end of the file included."""
+    n, foff, boff, size = 3 << 20, 12345, 7, (2 << 20) + 333
+    data = rand(n, 21)
+    d = dev(n)
+    with ps.override(engine="io_uring", mode="staged", chunk_size="256K", fixed_buffers=fixed):
+        with pio.open(tmp_path / "fixed.bin", "w+", direct=True) as f:
+            if not f.info()["direct"]:
+                pytest.skip("no O_DIRECT here: staged I/O goes through the page cache")
+            before = pio.stats()["io_fixed"]
+            d.fill(data)
+            assert f.write(d.buf(), file_offset=0) == n
+            d.poison()
+            assert f.read((d.ptr + boff, size), file_offset=foff) == size
+            check_extent(d.get(), data[foff:], boff, size)
+            d.poison()
+            assert f.read(d.buf(), file_offset=n - 5000) == 5000  # past the end: short
+            check_extent(d.get(), data[n - 5000 :], 0, 5000)
+            used = pio.stats()["io_fixed"] - before
+    if not fixed:
+        assert used == 0
+    elif used == 0:
+        release = tuple(int(x) for x in os.uname().release.split(".")[:2] if x.isdigit())
+        if release < (5, 19):
+            pytest.skip(f"kernel {os.uname().release}: no sparse registered-buffer tables (5.19+)")
+        pytest.fail("io_uring on a 5.19+ kernel, yet no staged I/O used a registered buffer")
+
+
+@pytest.mark.parametrize("completion", ["auto", "callback"])
+def test_staged_copies_complete_by_polled_events(rt, dev, tmp_path, completion):
+    """io_uring: a worker learns that its staged copies are done by polling an event it
+    records after them (the host vendor has event_query), or by host callbacks with
+    copy_completion=callback; reads and writes of many chunks round-trip either way."""
+    n = (4 << 20) + 4096 * 3 + 11
+    data = rand(n, 22)
+    d = dev(n)
+    with ps.override(engine="io_uring", mode="staged", chunk_size="128K", copy_completion=completion):
+        with pio.open(tmp_path / "poll.bin", "w+") as f:
+            before = pio.stats()
+            d.fill(data)
+            assert f.write(d.buf()) == n
+            f.fsync()
+            d.poison()
+            assert f.read(d.buf()) == n
+            np.testing.assert_array_equal(d.get(), data)
+            after = pio.stats()
+    events = after["copy_events"] - before["copy_events"]
+    chunks = after["chunks_staged"] - before["chunks_staged"]
+    assert chunks >= 2 * (n // (128 << 10))
+    if completion == "callback":
+        assert events == 0
+    else:  # every write chunk's copy and every batch of read copies, but for a full table
+        assert events >= n // (128 << 10), f"{events} events for {chunks} staged chunks"
+
+
 def test_cached_data_is_read_from_the_page_cache(rt, engine, mode, dev, tmp_path):
     """direct=None: O_DIRECT reads first ask the page cache (RWF_NOWAIT) and O_DIRECT only
     what is not cached; half a file dropped from the cache reads right too."""

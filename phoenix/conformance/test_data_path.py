@@ -8,6 +8,7 @@ like the core's own threads do), with the table's kinds, flags and success value
 from __future__ import annotations
 
 import ctypes
+import time
 
 import numpy as np
 import pytest
@@ -35,6 +36,8 @@ SIGNATURES = {  # the C signatures of phoenix/csrc/phx_vendor.h (CUDA's)
     "stream_wait_event": ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_uint),
     "event_synchronize": ctypes.CFUNCTYPE(c_int, c_void_p),
     "event_destroy": ctypes.CFUNCTYPE(c_int, c_void_p),
+    # completion by polling (optional, with the events)
+    "event_query": ctypes.CFUNCTYPE(c_int, c_void_p),
 }
 
 
@@ -111,7 +114,7 @@ def test_entries_are_c_functions(table):
     """Each REQUIRED entry (and event entry) lies in a loaded shared object: C code, not a
     Python callback."""
     bad = {}
-    for name in DataPathTable.REQUIRED + tuple(n for n in DataPathTable.EVENTS if getattr(table, n)):
+    for name in DataPathTable.REQUIRED + tuple(n for n in (*DataPathTable.EVENTS, "event_query") if getattr(table, n)):
         where = _shared_object_of(getattr(table, name))
         if where is None or "libffi" in where:
             bad[name] = where or "no loaded object (a ctypes/Python callback?)"
@@ -197,3 +200,44 @@ def test_raw_events_order_two_streams(rt, mem, rng, table, chelper):
         raw.event_destroy(ev)
         raw.stream_destroy(a)
         raw.stream_destroy(b)
+
+
+def test_raw_event_query(rt, mem, rng, table, chelper):
+    """event_query (optional): `not_ready` while the stream has not reached the record (held
+    by a callback, then a copy), `success` once it has; the copy's bytes are there then.
+    The io_uring workers poll their copies' events with it instead of host callbacks."""
+    if not table.event_query:
+        pytest.skip("the vendor has no event_query: the workers learn of their copies by host callbacks")
+    assert not table.missing_events(), "event_query is set but the events group is not complete"
+    assert table.not_ready != table.success, f"not_ready ({table.not_ready}) equals success"
+    raw = Raw(table)
+    query = SIGNATURES["event_query"](table.event_query)
+    n = 256 * 1024 + 3
+    raw.set_device(0)
+    stream, ev = c_void_p(), c_void_p()
+    raw.stream_create(ctypes.byref(stream), table.stream_flags)
+    raw.event_create(ctypes.byref(ev), table.event_flags)
+    try:
+        src, src_view = mem.pinned(n)
+        out, out_view = mem.pinned(n)
+        dev = mem.dev(n)
+        data = random_bytes(rng, n)
+        src_view[:] = data
+        out_view[:] = POISON
+        hold = chelper.task(sleep_s=0.2)
+        raw.launch_host_func(stream, c_void_p(chelper.fn), c_void_p(hold.address))
+        raw.memcpy_async(c_void_p(dev), c_void_p(src), n, table.kind_h2d, stream)
+        raw.memcpy_async(c_void_p(out), c_void_p(dev), n, table.kind_d2h, stream)
+        raw.event_record(ev, stream)
+        rc = query(ev)
+        assert rc == table.not_ready, f"event_query behind a held stream returned {rc}, not_ready is {table.not_ready}"
+        deadline = time.monotonic() + 30
+        while (rc := query(ev)) == table.not_ready and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert rc == table.success, f"event_query returned {rc} after the stream passed the record"
+        assert hold.calls == 1, "event_query said done before the callback holding the stream ran"
+        assert_bytes(out_view, data, "the copies before an event event_query says is done")
+    finally:
+        raw.stream_synchronize(stream)
+        raw.event_destroy(ev)
+        raw.stream_destroy(stream)

@@ -117,6 +117,26 @@ void slot_free(struct io_chunk *ch)
 static void sub_issue(struct io_worker *w, struct io_sub *s);
 static void chunk_io_done(struct io_worker *w, struct io_chunk *ch);
 
+
+/* The ring's registered-buffer index of a bounce slot's [buf, buf + len), or -1 (plain
+ * read / write): a pool segment is put in the worker's table on its first I/O; one the
+ * kernel refuses (RLIMIT_MEMLOCK without CAP_IPC_LOCK, a segment over 1 GiB) stays out. */
+static int fixed_index(struct io_worker *w, const char *buf, uint64_t len)
+{
+    struct io_pool *p = &w->ctx->pool;
+    int i = pool_seg_of(p, buf, len);
+    if (i < 0 || (w->fixed_bad >> i) & 1)
+        return -1;
+    if (!((w->fixed_set >> i) & 1)) {
+        if (ring_buffer_set(&w->ring, (unsigned)i, p->segs[i].base, p->segs[i].size) < 0) {
+            w->fixed_bad |= 1ull << i;
+            return -1;
+        }
+        w->fixed_set |= 1ull << i;
+    }
+    STAT_ADD(io_fixed, 1);
+    return i;
+}
 /* A worker's chunk FIFOs (parked for a slot, reaped awaiting their copy): linked by ->next. */
 static void chunk_fifo_push(struct io_chunk **head, struct io_chunk **tail, struct io_chunk *ch)
 {
@@ -235,10 +255,16 @@ static void sub_issue(struct io_worker *w, struct io_sub *s)
     struct io_chunk *ch = s->ch;
     phx_file *f = ch->req->file;
     uint64_t len = s->len - s->done;
-    sqe->opcode = ch->req->op == PHX_OP_READ ? IORING_OP_READ : IORING_OP_WRITE;
+    if (len > IO_MAX_CHUNK)
+        len = IO_MAX_CHUNK;
+    int fixed = ch->slot && w->fixed ? fixed_index(w, s->buf + s->done, len) : -1;
+    int rd = ch->req->op == PHX_OP_READ;
+    sqe->opcode = fixed >= 0 ? (rd ? IORING_OP_READ_FIXED : IORING_OP_WRITE_FIXED) : (rd ? IORING_OP_READ : IORING_OP_WRITE);
+    if (fixed >= 0)
+        sqe->buf_index = (uint16_t)fixed;
     sqe->fd = s->direct ? f->fd_direct : f->fd_buf;
     sqe->addr = (uint64_t)(uintptr_t)(s->buf + s->done);
-    sqe->len = (uint32_t)(len > IO_MAX_CHUNK ? IO_MAX_CHUNK : len);
+    sqe->len = (uint32_t)len;
     sqe->off = (uint64_t)s->off + s->done;
     sqe->user_data = (uint64_t)(uintptr_t)s;
     w->ring_inflight++;
@@ -300,7 +326,7 @@ void chunk_issue_subs(struct io_worker *w, struct io_chunk *ch)
     }
 }
 
-static void chunk_fail(struct io_worker *w, struct io_chunk *ch, int err)
+void chunk_fail(struct io_worker *w, struct io_chunk *ch, int err)
 {
     ch->err = err;
     ch->got = 0;

@@ -51,6 +51,10 @@
  * microseconds, so under load a callback serves the copies of several completions. With
  * nothing in flight, or slots awaited, the callback is launched before the worker sleeps. */
 #define IO_FLUSH_NS (250ll * 1000)
+/* A worker polling its copies' events waits in its ring at most this long at a time,
+ * doubled after each wait that found none done, up to IO_POLL_MAX_NS (slow copies). */
+#define IO_POLL_NS (20ll * 1000)
+#define IO_POLL_MAX_NS (320ll * 1000)
 #define IO_CACHED_CHUNK (4ull << 20)    /* staged chunks of a read from the page cache (at most) */
 #define IO_CACHED_SLOTS 4               /* ... and slots of them in use per worker (at most) */
 #define IO_BG_EVERY 8                   /* normal chunks taken per background one, at most */

@@ -11,6 +11,11 @@
  *   staged writes  the device -> slot copy, then a callback that hands the chunk back
  *                  to its worker (inbox + eventfd), which writes it.
  *   fmap hits      one copy per window piece, one callback for the whole request.
+ *
+ * Polling (phx_dp_can_poll, io_uring workers): instead of a host callback, the worker
+ * records an event after a batch of read copies or a write's copy and queries it between
+ * I/Os (poll_copies); its wait in the ring is then bounded by IO_POLL_NS. A callback costs
+ * the runtime's callback thread tens of microseconds; a record and a few queries, a few.
  */
 #include "io_fmap.h"
 #include "io_order.h"
@@ -63,6 +68,113 @@ static void cb_read_copied_list(void *arg)
     }
 }
 
+/* ---- completion by polling ------------------------------------------------------------------ */
+
+void done_init(struct io_worker *w)
+{
+    w->done_head = w->done_tail = w->done_free = NULL;
+    for (int i = IO_DONE_EVENTS - 1; i >= 0; i--) {
+        w->done[i].ev = NULL;
+        w->done[i].dev = -1;
+        w->done[i].next = w->done_free;
+        w->done_free = &w->done[i];
+    }
+}
+
+void done_fini(struct io_worker *w)
+{
+    const struct phx_dp_table *dp = &w->ctx->dp;
+    for (int i = 0; i < IO_DONE_EVENTS; i++) {
+        if (w->done[i].ev)
+            dp->event_destroy(w->done[i].ev);
+        w->done[i].ev = NULL;
+        w->done[i].dev = -1;
+    }
+}
+
+/* Record an event after the copies just queued on `stream` (device dev, the current one)
+ * and keep the batch to poll. 0, or -1 (no free entry, or the runtime refused: the caller
+ * launches a callback instead). */
+static int done_queue(struct io_worker *w, int dev, void *stream, int write, struct io_chunk *chunks)
+{
+    const struct phx_dp_table *dp = &w->ctx->dp;
+    struct io_done **pp = &w->done_free;
+    while (*pp && (*pp)->dev != dev) /* an entry whose event is on dev, else the first */
+        pp = &(*pp)->next;
+    if (!*pp)
+        pp = &w->done_free;
+    struct io_done *e = *pp;
+    if (!e)
+        return -1;
+    if (e->dev != dev) {
+        if (e->ev)
+            dp->event_destroy(e->ev);
+        e->ev = NULL;
+        e->dev = -1;
+        if (dp->event_create(&e->ev, dp->event_flags) != dp->success) {
+            e->ev = NULL;
+            return -1;
+        }
+        e->dev = dev;
+    }
+    if (dp->event_record(e->ev, stream) != dp->success)
+        return -1;
+    *pp = e->next;
+    e->write = write;
+    e->chunks = chunks;
+    e->next = NULL;
+    if (w->done_tail)
+        w->done_tail->next = e;
+    else
+        w->done_head = e;
+    w->done_tail = e;
+    STAT_ADD(copy_events, 1);
+    return 0;
+}
+
+int poll_copies(struct io_worker *w)
+{
+    const struct phx_dp_table *dp = &w->ctx->dp;
+    struct io_done **pp = &w->done_head, *prev = NULL;
+    int n = 0;
+    while (*pp) {
+        struct io_done *e = *pp;
+        int q = dp->event_query(e->ev);
+        if (q == dp->not_ready) {
+            prev = e;
+            pp = &e->next;
+            continue;
+        }
+        int err = 0;
+        if (q != dp->success) { /* the copies' fate is unknown: wait for their stream */
+            if (w->cur_dev != e->dev && dp->set_device(e->dev) == dp->success)
+                w->cur_dev = e->dev;
+            err = dp->stream_synchronize(w->streams[e->dev]) != dp->success;
+        }
+        *pp = e->next;
+        if (w->done_tail == e)
+            w->done_tail = prev;
+        struct io_chunk *chunks = e->chunks;
+        int write = e->write;
+        e->next = w->done_free;
+        w->done_free = e;
+        if (write) {
+            if (err)
+                chunk_fail(w, chunks, EIO);
+            else
+                chunk_issue_subs(w, chunks);
+        } else {
+            for (struct io_chunk *c = chunks; c && err; c = c->next) {
+                c->err = EIO;
+                c->got = 0;
+            }
+            cb_read_copied_list(chunks);
+        }
+        n++;
+    }
+    return n;
+}
+
 /* Launch one completion callback per device for the staged reads whose copies this worker
  * queued since the last flush. A host callback per chunk costs the runtime's callback
  * thread ~tens of microseconds each: at 64 KiB random reads it was the bottleneck; here a
@@ -84,6 +196,8 @@ void flush_copies(struct io_worker *w)
         if (w->cur_dev != d && dp->set_device(d) == dp->success)
             w->cur_dev = d;
         STAT_ADD(copy_flushes, 1);
+        if (w->poll && done_queue(w, d, stream, 0, list) == 0)
+            continue;
         if (dp->launch_host_func(stream, cb_read_copied_list, list) != dp->success) {
             int ok = dp->stream_synchronize(stream) == dp->success;
             for (struct io_chunk *c = list; c; c = c->next)
@@ -133,6 +247,8 @@ int dev_copy_to_slot(struct io_worker *w, struct io_chunk *ch, phx_host_fn cb)
     void *stream = queue_dev_copy(w, ch, 0);
     if (!stream)
         return -EIO;
+    if (w->poll && cb == cb_write_filled && done_queue(w, ch->req->device, stream, 1, ch) == 0)
+        return 0; /* poll_copies issues the write */
     if (dp->launch_host_func(stream, cb, ch) != dp->success)
         return dp->stream_synchronize(stream) == dp->success ? 1 : -EIO;
     return 0;

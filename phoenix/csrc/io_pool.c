@@ -136,10 +136,21 @@ static struct io_seg *pool_grow(struct io_pool *p)
         /* Unpinned slots still work (the vendor's copy of pageable memory is slower). */
         s->registered = p->dp->host_register(mem, p->seg_size, p->dp->host_register_flags) == p->dp->success;
     }
-    p->nsegs++;
+    __atomic_store_n(&p->nsegs, p->nsegs + 1, __ATOMIC_RELEASE); /* pool_seg_of reads it unlocked */
     p->allocated += p->seg_size;
     STAT_ADD(bounce_bytes, (int64_t)p->seg_size);
     return s;
+}
+
+int pool_seg_of(struct io_pool *p, const char *ptr, uint64_t len)
+{
+    int n = __atomic_load_n(&p->nsegs, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < n; i++) {
+        const struct io_seg *s = &p->segs[i];
+        if (ptr >= s->base && ptr + len <= s->base + s->size)
+            return i;
+    }
+    return -1;
 }
 
 static void *alloc_locked(struct io_pool *p, uint64_t bytes)

@@ -43,6 +43,9 @@ int pool_alloc_many(struct io_pool *p, int n, uint64_t bytes, char **out);
 void pool_free(struct io_pool *p, void *ptr, uint64_t bytes);
 int64_t pool_prepare(struct io_pool *p);
 uint64_t pool_round(uint64_t bytes);
+/* The segment holding [ptr, ptr + len) (its index), or -1: not a pool slot. Lock-free
+ * (segments are only ever added, never moved or freed while the pool lives). */
+int pool_seg_of(struct io_pool *p, const char *ptr, uint64_t len);
 #pragma GCC visibility pop
 
 #endif

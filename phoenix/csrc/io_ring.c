@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 static int sys_setup(unsigned entries, struct io_uring_params *p)
@@ -28,9 +29,9 @@ static int sys_setup(unsigned entries, struct io_uring_params *p)
     return (int)syscall(__NR_io_uring_setup, entries, p);
 }
 
-static int sys_enter(int fd, unsigned to_submit, unsigned min_complete, unsigned flags)
+static int sys_enter(int fd, unsigned to_submit, unsigned min_complete, unsigned flags, void *arg, size_t argsz)
 {
-    return (int)syscall(__NR_io_uring_enter, fd, to_submit, min_complete, flags, NULL, 0);
+    return (int)syscall(__NR_io_uring_enter, fd, to_submit, min_complete, flags, arg, argsz);
 }
 
 static int sys_register(int fd, unsigned op, void *arg, unsigned nr)
@@ -108,6 +109,7 @@ int ring_init(struct io_ring *r, unsigned entries, char *why, size_t why_len)
         r->fd = sys_setup(entries, &p);
         if (r->fd >= 0) {
             r->setup_flags = p.flags;
+            r->features = p.features;
             break;
         }
         err = errno;
@@ -154,7 +156,7 @@ struct io_uring_sqe *ring_get_sqe(struct io_ring *r)
     return sqe;
 }
 
-int ring_enter(struct io_ring *r, unsigned wait_nr)
+static int enter(struct io_ring *r, unsigned wait_nr, int64_t ns)
 {
     unsigned tail = *r->sq_tail;
     if (tail != r->sqe_tail) {
@@ -165,18 +167,73 @@ int ring_enter(struct io_ring *r, unsigned wait_nr)
     unsigned flags = (wait_nr || (r->setup_flags & IORING_SETUP_DEFER_TASKRUN)) ? IORING_ENTER_GETEVENTS : 0;
     if (!r->to_submit && !flags)
         return 0;
+    struct __kernel_timespec ts = {.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
+    struct io_uring_getevents_arg arg;
+    memset(&arg, 0, sizeof(arg));
+    arg.ts = (uint64_t)(uintptr_t)&ts;
+    int timed = wait_nr && ns > 0;
     for (;;) {
         STAT_ADD(uring_enters, 1);
-        int ret = sys_enter(r->fd, r->to_submit, wait_nr, flags);
+        int ret = timed ? sys_enter(r->fd, r->to_submit, wait_nr, flags | IORING_ENTER_EXT_ARG, &arg, sizeof(arg))
+                        : sys_enter(r->fd, r->to_submit, wait_nr, flags, NULL, 0);
         if (ret >= 0) {
             r->to_submit -= (unsigned)ret > r->to_submit ? r->to_submit : (unsigned)ret;
             return ret;
         }
         if (errno == EINTR)
             continue;
-        /* EAGAIN / EBUSY: the CQ is full; the caller reaps and comes back */
+        /* EAGAIN / EBUSY: the CQ is full; the caller reaps and comes back. ETIME: waited ns */
         return -errno;
     }
+}
+
+int ring_enter(struct io_ring *r, unsigned wait_nr) { return enter(r, wait_nr, 0); }
+
+int ring_enter_timeout(struct io_ring *r, unsigned wait_nr, int64_t ns) { return enter(r, wait_nr, ns); }
+
+int ring_can_time_wait(const struct io_ring *r) { return (r->features & IORING_FEAT_EXT_ARG) != 0; }
+
+/* ---- registered (fixed) buffers --------------------------------------------------------- */
+
+/* A sparse table of n buffer slots (Linux 5.19+), filled one by one with ring_buffer_set:
+ * a READ_FIXED / WRITE_FIXED on a registered buffer skips pinning its pages per I/O
+ * (the kernel pinned them once), which is most of an O_DIRECT submission's CPU. 0 or
+ * -errno (then the ring runs with plain reads and writes). */
+int ring_buffers_sparse(struct io_ring *r, unsigned n)
+{
+#ifdef IORING_RSRC_REGISTER_SPARSE
+    struct io_uring_rsrc_register reg;
+    memset(&reg, 0, sizeof(reg));
+    reg.nr = n;
+    reg.flags = IORING_RSRC_REGISTER_SPARSE;
+    return sys_register(r->fd, IORING_REGISTER_BUFFERS2, &reg, sizeof(reg)) < 0 ? -errno : 0;
+#else
+    (void)r;
+    (void)n;
+    return -ENOSYS;
+#endif
+}
+
+/* Put [base, base + len) in slot idx of the sparse table. 0 or -errno (ENOMEM: over
+ * RLIMIT_MEMLOCK without CAP_IPC_LOCK; EFAULT/EINVAL: a buffer io_uring cannot pin). */
+int ring_buffer_set(struct io_ring *r, unsigned idx, void *base, size_t len)
+{
+#ifdef IORING_RSRC_REGISTER_SPARSE
+    struct iovec iov = {.iov_base = base, .iov_len = len};
+    struct io_uring_rsrc_update2 up;
+    memset(&up, 0, sizeof(up));
+    up.offset = idx;
+    up.data = (uint64_t)(uintptr_t)&iov;
+    up.nr = 1;
+    int ret = sys_register(r->fd, IORING_REGISTER_BUFFERS_UPDATE, &up, sizeof(up));
+    return ret < 0 ? -errno : ret == 1 ? 0 : -EINVAL;
+#else
+    (void)r;
+    (void)idx;
+    (void)base;
+    (void)len;
+    return -ENOSYS;
+#endif
 }
 
 int ring_unsubmitted(const struct io_ring *r) { return *r->sq_tail != r->sqe_tail; }

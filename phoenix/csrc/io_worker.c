@@ -413,8 +413,18 @@ static int flush_due(struct io_worker *w, int64_t *wait_ns)
 static void worker_loop_ring(struct io_worker *w)
 {
     phx_ctx *ctx = w->ctx;
+    int timed_out = 0; /* the last wait ended by its bound, not by a completion */
     for (;;) {
-        int progress = drain_inbox(w);
+        int progress = 0;
+        if (w->done_head) {
+            int done = poll_copies(w);
+            if (done)
+                w->poll_ns = IO_POLL_NS;
+            else if (timed_out && (w->poll_ns *= 2) > IO_POLL_MAX_NS)
+                w->poll_ns = IO_POLL_MAX_NS;
+            progress += done;
+        }
+        progress += drain_inbox(w);
         progress += retry_parked(w);
         if (w->owned_bytes < w->bytes_cap || internal_queued(ctx))
             progress += admit(w, w->cap - w->owned);
@@ -427,7 +437,7 @@ static void worker_loop_ring(struct io_worker *w)
         int64_t flush_wait;
         if (flush_due(w, &flush_wait))
             flush_copies(w);
-        if (atomic_load(&ctx->stop) && w->owned == 0 && !w->ring_inflight && !w->copied_since_ns)
+        if (atomic_load(&ctx->stop) && w->owned == 0 && !w->ring_inflight && !w->copied_since_ns && !w->done_head)
             break;
         unsigned wait = 0;
         if (!atomic_load(&w->inbox) && idle_register(w))
@@ -437,7 +447,9 @@ static void worker_loop_ring(struct io_worker *w)
         efd_arm(w);
         if (wait)
             timer_arm(w);
-        int rc = ring_enter(&w->ring, wait);
+        /* copies being polled: wake up to query them (IO_POLL_NS) */
+        int rc = wait && w->done_head ? ring_enter_timeout(&w->ring, wait, w->poll_ns) : ring_enter(&w->ring, wait);
+        timed_out = rc == -ETIME;
         if (rc == -EBUSY || rc == -EAGAIN) /* completions must be reaped first */
             wait = 0;
         reap(w);
@@ -512,6 +524,14 @@ static void *worker_main(void *arg)
             entries <<= 1;
         /* the ring is created by the thread that alone uses it (SINGLE_ISSUER) */
         rc = ring_init(&w->ring, entries, why, sizeof(why));
+        /* registered buffers: a table for the pool's segments, filled on first use */
+        if (rc == 0 && !(ctx->cfg.flags & PHX_CFG_NO_FIXED_BUFFERS))
+            w->fixed = ring_buffers_sparse(&w->ring, IO_MAX_SEGS) == 0;
+        /* copies' completions by polling events, where the vendor and the ring allow */
+        w->poll = rc == 0 && ctx->has_dp && phx_dp_can_poll(&ctx->dp) && ring_can_time_wait(&w->ring) &&
+                  !(ctx->cfg.flags & PHX_CFG_CALLBACKS);
+        w->poll_ns = IO_POLL_NS;
+        done_init(w);
     }
     pthread_mutex_lock(&ss->mu);
     ss->started++;
@@ -529,8 +549,11 @@ static void *worker_main(void *arg)
         worker_loop_ring(w);
     else
         worker_loop_threads(w);
-    if (ctx->has_dp)
+    if (ctx->has_dp) {
         worker_close_streams(w);
+        if (w->poll)
+            done_fini(w);
+    }
     if (w->use_ring)
         ring_exit(&w->ring);
     STAT_ADD(threads, -1);

@@ -15,6 +15,18 @@
 #include "io_ring.h"
 
 #define IO_MAX_DEVICES 64
+#define IO_DONE_EVENTS 32 /* copy-completion events a worker polls at once (more: callbacks) */
+
+/* A batch of device copies whose completion the worker polls (event_query): staged reads
+ * (a list: their slots are freed and chunks finished) or one staged write (its file
+ * write is issued). */
+struct io_done {
+    void *ev;
+    int dev;       /* where ev was created (-1: none yet) */
+    int write;
+    struct io_chunk *chunks;
+    struct io_done *next;
+};
 
 struct io_worker {
     struct phx_ctx *ctx;
@@ -27,6 +39,11 @@ struct io_worker {
     struct io_ring ring;
     unsigned ring_inflight;  /* SQEs in the kernel (not counting the eventfd read) */
     unsigned ring_room;      /* SQEs the ring can hold */
+    /* registered buffers (io_uring): the bounce pool's segments, slot i = segment i, put
+     * in the ring's table on first use (READ_FIXED / WRITE_FIXED: no page pinning per
+     * I/O). fixed: the table exists; fixed_set / fixed_bad: segments in it / refused. */
+    int fixed;
+    uint64_t fixed_set, fixed_bad;
     int cap, owned;          /* chunks this worker may hold / holds in their I/O phase */
     uint64_t bytes_cap, owned_bytes; /* ... and their bytes (io_uring: IO_WORKER_BYTES) */
     struct io_chunk *parked_head, *parked_tail; /* waiting for a bounce slot */
@@ -47,6 +64,12 @@ struct io_worker {
     uint64_t copied_bytes[IO_MAX_DEVICES]; /* ... their bytes: flushed early past IO_FLUSH_BYTES */
     int64_t copied_since_ns;  /* when the oldest of them was queued (0: none) */
     int cur_dev;
+    /* copies' completions by polling (phx_dp_can_poll, a ring that waits with a timeout):
+     * pending batches in order, and free entries (their events kept for reuse) */
+    int poll;
+    int64_t poll_ns; /* the next wait's bound while batches are polled */
+    struct io_done done[IO_DONE_EVENTS];
+    struct io_done *done_head, *done_tail, *done_free;
     uint64_t fence_waited[IO_MAX_DEVICES]; /* id of the fence streams[d] last waited for */
     void *start;             /* startup handshake with workers_start */
 };
@@ -69,14 +92,22 @@ void sub_run_sync(struct io_worker *w, struct io_sub *s);
 uint64_t slot_cap(const struct io_worker *w, const struct io_chunk *ch);
 /* A chunk's bounce slot goes back (to the pool, or to the allocator). */
 void slot_free(struct io_chunk *ch);
+/* A chunk the worker owns fails with err (its slot freed, the chunk finished). */
+void chunk_fail(struct io_worker *w, struct io_chunk *ch, int err);
 
 /* io_copy.c: device copies, by the worker on its streams. */
 /* Queue the device copy of a staged read whose file I/O is done (callback batched). */
 void start_read_copy(struct io_worker *w, struct io_chunk *ch);
 /* Queue the copies of the reads reaped this round (after the next reads are submitted). */
 void run_copies(struct io_worker *w);
-/* Launch one completion callback per device for the copies queued since the last flush. */
+/* Launch one completion callback per device for the copies queued since the last flush
+ * (or, polling, record one event per device). */
 void flush_copies(struct io_worker *w);
+/* Polling: finish the batches whose copies are done; how many. */
+int poll_copies(struct io_worker *w);
+/* Polling: set up the worker's entries (at its start) / destroy their events (at its end). */
+void done_init(struct io_worker *w);
+void done_fini(struct io_worker *w);
 /* A staged write: queue the device -> slot copy, then cb. 0 queued, 1 done synchronously,
  * -EIO on a vendor error. */
 int dev_copy_to_slot(struct io_worker *w, struct io_chunk *ch, phx_host_fn cb);

@@ -68,6 +68,13 @@ enum {
      * DMA from pinned pages does not; the file-mapping cache then guards its mappings
      * with a SIGBUS handler (io_fmap_guard.c). Never set for hardware. */
     PHX_CFG_CPU_COPIES = 1,
+    /* The io_uring workers do not register the bounce pool with their rings: every read
+     * and write pins its pages (setting fixed_buffers=off; a comparison, or a kernel that
+     * mishandles registered buffers). */
+    PHX_CFG_NO_FIXED_BUFFERS = 2,
+    /* The io_uring workers learn that their device copies are done from host callbacks,
+     * even where the vendor's events can be polled (setting copy_completion=callback). */
+    PHX_CFG_CALLBACKS = 4,
 };
 
 enum phx_fmap_mode {
@@ -350,7 +357,11 @@ int phx_mem_probe(uint64_t addr, uint64_t size);
     /* file-mapping cache: live windows and bytes registered; requests served or not    */ \
     X(fmap_windows) X(fmap_bytes) X(fmap_hits) X(fmap_misses)                              \
     /* chunks that waited for a bounce slot; completion callbacks of staged reads       */ \
-    X(pool_waits) X(copy_flushes)
+    X(pool_waits) X(copy_flushes)                                                          \
+    /* io_uring reads and writes of bounce slots on registered buffers (no pinning)     */ \
+    X(io_fixed)                                                                            \
+    /* events recorded for staged copies' completions, which workers poll (no callback) */ \
+    X(copy_events)
 
 #define PHX_IO_STAT_FIELD(name) int64_t name;
 struct phx_io_stats {

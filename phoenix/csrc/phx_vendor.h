@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PHX_DP_ABI 2
+#define PHX_DP_ABI 3
 
 typedef void (*phx_host_fn)(void *arg);
 
@@ -45,6 +45,13 @@ struct phx_dp_table {
     int (*stream_wait_event)(void *stream, void *event, unsigned flags);
     int (*event_synchronize)(void *event);
     int (*event_destroy)(void *event);
+    /* Completion by polling (optional, with the events above): event_query(ev) returns
+     * `success` once the stream has passed the latest record and `not_ready` before.
+     * With it, io_uring workers learn that their copies are done by recording an event
+     * and querying it between I/Os, instead of launching a host callback (each costs the
+     * runtime's callback thread tens of microseconds). */
+    int not_ready;
+    int (*event_query)(void *event);
 };
 
 /* All of the event entry points are there: the core orders I/O with events. */
@@ -52,6 +59,12 @@ static inline int phx_dp_has_events(const struct phx_dp_table *dp)
 {
     return dp->get_device && dp->event_create && dp->event_record && dp->stream_wait_event &&
            dp->event_synchronize && dp->event_destroy;
+}
+
+/* ... and event_query: workers poll their copies' events (no host callbacks). */
+static inline int phx_dp_can_poll(const struct phx_dp_table *dp)
+{
+    return phx_dp_has_events(dp) && dp->event_query;
 }
 
 #endif
