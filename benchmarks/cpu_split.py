@@ -138,13 +138,13 @@ def main() -> int:
     ap.add_argument(
         "--points",
         default="1:8:1M,1:16:1M,1:4:4M,2:2:4M,1:2:16M,16:0:8M",
-        help="workers:queue depth (0: the setting's):chunk[:inflight] points",
+        help="workers:queue depth (0: the setting's):chunk[:inflight] points (empty: none)",
     )
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument(
         "--random",
         default="64K:8:8",
-        help="random reads after the sequential points: size:workers:queue depth (read_many; empty: none)",
+        help="random reads after the sequential points: size:workers:queue depth, comma-separated (read_many; empty: none)",
     )
     ap.add_argument(
         "--fixed-buffers",
@@ -171,9 +171,9 @@ def main() -> int:
         with fastdev.directory(args, args.size + (64 << 20)) as d:
             path = os.path.join(d, "split.bin") if d else args.file
             prepare_file(path, args.size)
-            runs = [(p, op) for p in args.points.split(",") for op in ("read", "write")]
-            if args.random:
-                bs, w, q = args.random.split(":")
+            runs = [(p, op) for p in args.points.split(",") if p for op in ("read", "write")]
+            for spec in filter(None, args.random.split(",")):
+                bs, w, q = spec.split(":")
                 runs.append((f"{w}:{q}:{bs}", "randread"))
             for rep in range(args.reps):
                 for (p, op), var in ((run, var) for run in runs for var in variants):

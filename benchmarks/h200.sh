@@ -104,7 +104,7 @@ if has fastdev; then
     losetup -a; df -h /dev/shm | sed 1d
     timeout ${PHX_FASTDEV_TIMEOUT:-420} phx bench --fast-device ${PHX_FASTDEV_SIZE:-9G} --size ${PHX_BENCH_SIZE:-8G} \
         --threads ${PHX_BENCH_THREADS:-16} --chunk 16M --ops ${PHX_FASTDEV_OPS:-read,write,randread} --random-bs ${PHX_RANDOM_BS:-4K,64K,1M} \
-        --random-ops ${PHX_RANDOM_OPS:-60000} --temperature cold --reps ${PHX_BENCH_REPS:-3} --quiet \
+        --random-ops ${PHX_RANDOM_OPS:-60000} ${PHX_RANDOM_THREADS:+--random-threads $PHX_RANDOM_THREADS} --temperature cold --reps ${PHX_BENCH_REPS:-3} --quiet \
         --json "$OUT/bench-fastdev.json" --plot "$OUT/bench-fastdev.png" > "$OUT/bench-fastdev.log" 2>&1
     echo "fastdev rc=$?"; cut -c1-220 "$OUT/bench-fastdev.log" | head -30
     if losetup -a | grep -q phx-fastdev || grep -q phx-fastdev /proc/mounts; then echo "fastdev: LEFT BEHIND:"; losetup -a; fi

@@ -236,8 +236,6 @@ int ring_buffer_set(struct io_ring *r, unsigned idx, void *base, size_t len)
 #endif
 }
 
-int ring_unsubmitted(const struct io_ring *r) { return *r->sq_tail != r->sqe_tail; }
-
 struct io_uring_cqe *ring_peek_cqe(struct io_ring *r)
 {
     unsigned head = *r->cq_head;

@@ -36,8 +36,6 @@ int ring_enter(struct io_ring *r, unsigned wait_nr);
 int ring_enter_timeout(struct io_ring *r, unsigned wait_nr, int64_t ns);
 int ring_can_time_wait(const struct io_ring *r);
 struct io_uring_cqe *ring_peek_cqe(struct io_ring *r);
-/* SQEs handed out but not published to the kernel yet */
-int ring_unsubmitted(const struct io_ring *r);
 void ring_cqe_seen(struct io_ring *r);
 /* Registered buffers: a sparse table of n slots; put one buffer in slot idx (0 / -errno). */
 int ring_buffers_sparse(struct io_ring *r, unsigned n);

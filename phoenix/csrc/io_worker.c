@@ -428,12 +428,8 @@ static void worker_loop_ring(struct io_worker *w)
         progress += retry_parked(w);
         if (w->owned_bytes < w->bytes_cap || internal_queued(ctx))
             progress += admit(w, w->cap - w->owned);
-        if (w->copy_head) {
-            /* the new reads go to the kernel first, then the last round's device copies */
-            if (ring_unsubmitted(&w->ring))
-                ring_enter(&w->ring, 0);
+        if (w->copy_head) /* the new reads go to the kernel with the next enter, after these */
             run_copies(w);
-        }
         int64_t flush_wait;
         if (flush_due(w, &flush_wait))
             flush_copies(w);
