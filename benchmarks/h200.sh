@@ -98,7 +98,7 @@ if has fastdev; then
     # issue 21: "loop device over RAM (stand-in for a fast NVMe array)": a 9 GiB tmpfs file in /dev/shm, losetup
     # --direct-io=on, ext4, torn down by phx bench itself (also on timeout's SIGTERM). Raw O_DIRECT is swept over
     # threads 1,4,8,16,32 x chunks 1M,4M,16M (random reads: 8..128 in flight), phoenix over workers x queue depth x
-    # chunk (phoenix/bench/sweep.py PHOENIX_GRID, 8-32 MiB in flight, and its defaults); each side's pick is
+    # chunk (phoenix/bench/sweep.py PHOENIX_GRID, 2-32 MiB in flight, and its defaults); each side's pick is
     # re-measured in 3 interleaved repetitions with naive and KvikIO (at phoenix's chunks in flight); every ratio
     # divides by raw's re-measured best. Random reads of 4 KiB, 64 KiB and 1 MiB at 64 in flight, KvikIO beside.
     losetup -a; df -h /dev/shm | sed 1d

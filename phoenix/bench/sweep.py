@@ -44,11 +44,16 @@ def sweep_grid(args, op: str) -> list[tuple[int, int]]:
     return sorted(pts)
 
 
-#: phoenix's sweep: (workers, chunks in flight per worker, chunk size), 8 to 32 MiB in
-#: flight. A device that slows down as bytes in flight grow (a loop device: the DMA's working
-#: set past the last-level cache) wants few; larger chunks cost less CPU per byte; one
-#: io_uring worker keeps its queue depth in flight on its own.
+#: phoenix's sweep: (workers, chunks in flight per worker, chunk size), 2 to 32 MiB in
+#: flight (raw's sweep goes down to one thread x 1 MiB). A device that slows down as bytes in
+#: flight grow (a loop device: the copy's working set past the last-level cache) wants few;
+#: larger chunks cost less CPU per byte; one io_uring worker keeps its queue depth in flight
+#: on its own.
 PHOENIX_GRID = (
+    (1, 2, 1 << 20),
+    (1, 4, 1 << 20),
+    (1, 2, 2 << 20),
+    (1, 2, 4 << 20),
     (1, 8, 1 << 20),
     (1, 16, 1 << 20),
     (1, 32, 1 << 20),
