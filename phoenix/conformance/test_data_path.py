@@ -161,6 +161,17 @@ def test_raw_host_register(rt, mem, table):
         raw.host_unregister(c_void_p(buf.ctypes.data))
 
 
+def _staging(mem, rng, n):
+    """A pinned source of random bytes, a poisoned pinned destination (and its view), device
+    memory on the current device, and the bytes: what a copy through the device needs."""
+    src, src_view = mem.pinned(n)
+    out, out_view = mem.pinned(n)
+    data = random_bytes(rng, n)
+    src_view[:] = data
+    out_view[:] = POISON
+    return src, out, out_view, mem.dev(n), data
+
+
 def test_raw_events_order_two_streams(rt, mem, rng, table, chelper):
     """An event recorded on stream A (held, then a copy into device memory) and waited for
     by stream B: B's copy out of that memory sees A's bytes; event_synchronize returns
@@ -179,12 +190,7 @@ def test_raw_events_order_two_streams(rt, mem, rng, table, chelper):
     raw.stream_create(ctypes.byref(b), table.stream_flags)
     raw.event_create(ctypes.byref(ev), table.event_flags)
     try:
-        src, src_view = mem.pinned(n)
-        out, out_view = mem.pinned(n)
-        dev = mem.dev(n)
-        data = random_bytes(rng, n)
-        src_view[:] = data
-        out_view[:] = POISON
+        src, out, out_view, dev, data = _staging(mem, rng, n)
         hold = chelper.task(sleep_s=0.1)
         raw.launch_host_func(a, c_void_p(chelper.fn), c_void_p(hold.address))
         raw.memcpy_async(c_void_p(dev), c_void_p(src), n, table.kind_h2d, a)
@@ -218,12 +224,7 @@ def test_raw_event_query(rt, mem, rng, table, chelper):
     raw.stream_create(ctypes.byref(stream), table.stream_flags)
     raw.event_create(ctypes.byref(ev), table.event_flags)
     try:
-        src, src_view = mem.pinned(n)
-        out, out_view = mem.pinned(n)
-        dev = mem.dev(n)
-        data = random_bytes(rng, n)
-        src_view[:] = data
-        out_view[:] = POISON
+        src, out, out_view, dev, data = _staging(mem, rng, n)
         hold = chelper.task(sleep_s=0.2)
         raw.launch_host_func(stream, c_void_p(chelper.fn), c_void_p(hold.address))
         raw.memcpy_async(c_void_p(dev), c_void_p(src), n, table.kind_h2d, stream)
