@@ -117,7 +117,6 @@ void slot_free(struct io_chunk *ch)
 static void sub_issue(struct io_worker *w, struct io_sub *s);
 static void chunk_io_done(struct io_worker *w, struct io_chunk *ch);
 
-
 /* The ring's registered-buffer index of a bounce slot's [buf, buf + len), or -1 (plain
  * read / write): a pool segment is put in the worker's table on its first I/O; one the
  * kernel refuses (RLIMIT_MEMLOCK without CAP_IPC_LOCK, a segment over 1 GiB) stays out. */
@@ -137,6 +136,7 @@ static int fixed_index(struct io_worker *w, const char *buf, uint64_t len)
     STAT_ADD(io_fixed, 1);
     return i;
 }
+
 /* A worker's chunk FIFOs (parked for a slot, reaped awaiting their copy): linked by ->next. */
 static void chunk_fifo_push(struct io_chunk **head, struct io_chunk **tail, struct io_chunk *ch)
 {
