@@ -168,12 +168,18 @@ def capabilities(path=None) -> dict:
         else:
             by_events = not dp.missing_events()
             out["caller_stream"] = {"by": "events" if by_events else "synchronize", "why": dp.ordering()}
-            polled = by_events and bool(dp.event_query) and _settings.effective("copy_completion") == "auto"
+            polled = (
+                by_events
+                and bool(dp.event_query)
+                and _settings.effective("copy_completion") == "auto"
+                and out["engines"]["selected"] == "io_uring"
+            )
             out["copy_completion"] = {
                 "by": "polled events" if polled else "host callbacks",
                 "why": "io_uring workers record an event after their staged copies and query it (event_query)"
                 if polled
-                else "the vendor has no event_query, or copy_completion=callback: a host callback per batch of copies",
+                else "the threads engine, a vendor without event_query, or copy_completion=callback: "
+                "a host callback per batch of copies",
             }
         try:
             ptr = rt.device_alloc(1 << 16, 0)

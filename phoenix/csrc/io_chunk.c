@@ -296,9 +296,9 @@ static void chunk_io_done(struct io_worker *w, struct io_chunk *ch)
             memcpy(ch->user, ch->slot + ch->slot_off, got);
     } else if (ch->path == CH_STAGED_DEV && r->op == PHX_OP_READ && !err && got) {
         if (w->in_reap) {
-            /* reaped from the ring: its copy is queued after the worker has submitted
-             * the reads that replace this round's (run_copies), so that a vendor call
-             * per completion does not delay the next reads (random reads) */
+            /* reaped from the ring: its copy is queued after the reap and the admission of
+             * the reads that replace this round's (run_copies), which go to the kernel
+             * with the round's one enter right after the copies */
             chunk_fifo_push(&w->copy_head, &w->copy_tail, ch);
             return;
         }
@@ -402,7 +402,7 @@ void chunk_start(struct io_worker *w, struct io_chunk *ch)
     if (r->op == PHX_OP_WRITE && ch->path == CH_STAGED_CPU) {
         memcpy(ch->slot + ch->slot_off, ch->user, ch->len);
     } else if (r->op == PHX_OP_WRITE && ch->path == CH_STAGED_DEV) {
-        int rc = dev_copy_to_slot(w, ch, cb_write_filled);
+        int rc = dev_copy_to_slot(w, ch);
         if (rc < 0)
             chunk_fail(w, ch, EIO);
         else if (rc == 1)

@@ -14,7 +14,7 @@
  *
  * Polling (phx_dp_can_poll, io_uring workers): instead of a host callback, the worker
  * records an event after a batch of read copies or a write's copy and queries it between
- * I/Os (poll_copies); its wait in the ring is then bounded by IO_POLL_NS. A callback costs
+ * I/Os (poll_copies); its wait in the ring is then bounded (poll_ns). A callback costs
  * the runtime's callback thread tens of microseconds; a record and a few queries, a few.
  */
 #include "io_fmap.h"
@@ -98,6 +98,8 @@ void done_fini(struct io_worker *w)
 static int done_queue(struct io_worker *w, int dev, void *stream, int write, struct io_chunk *chunks)
 {
     const struct phx_dp_table *dp = &w->ctx->dp;
+    if (w->cur_dev != dev) /* set_device refused: an event made now would be another device's */
+        return -1;
     struct io_done **pp = &w->done_free;
     while (*pp && (*pp)->dev != dev) /* an entry whose event is on dev, else the first */
         pp = &(*pp)->next;
@@ -211,7 +213,7 @@ void flush_copies(struct io_worker *w)
 }
 
 /* Stream callback: a staged write's slot is filled; hand the chunk back to its worker. */
-void cb_write_filled(void *arg)
+static void cb_write_filled(void *arg)
 {
     struct io_chunk *ch = arg;
     struct io_worker *w = ch->owner;
@@ -237,19 +239,20 @@ static void *queue_dev_copy(struct io_worker *w, struct io_chunk *ch, int to_dev
     return rc == dp->success ? stream : NULL;
 }
 
-/* A staged write: queue the copy of the chunk from device memory into its slot, then `cb`.
- * (Staged reads queue theirs with queue_dev_copy and share a callback: flush_copies.)
- * Returns 0 when queued, 1 when it completed synchronously (launch_host_func refused:
- * the copy was synchronized here), -EIO on a vendor error. */
-int dev_copy_to_slot(struct io_worker *w, struct io_chunk *ch, phx_host_fn cb)
+/* A staged write: queue the copy of the chunk from device memory into its slot; its
+ * worker writes the slot once the copy is done (poll_copies, or cb_write_filled through the
+ * inbox). (Staged reads queue theirs with queue_dev_copy and share a completion:
+ * flush_copies.) Returns 0 when queued, 1 when it completed synchronously
+ * (launch_host_func refused: the copy was synchronized here), -EIO on a vendor error. */
+int dev_copy_to_slot(struct io_worker *w, struct io_chunk *ch)
 {
     const struct phx_dp_table *dp = &w->ctx->dp;
     void *stream = queue_dev_copy(w, ch, 0);
     if (!stream)
         return -EIO;
-    if (w->poll && cb == cb_write_filled && done_queue(w, ch->req->device, stream, 1, ch) == 0)
+    if (w->poll && done_queue(w, ch->req->device, stream, 1, ch) == 0)
         return 0; /* poll_copies issues the write */
-    if (dp->launch_host_func(stream, cb, ch) != dp->success)
+    if (dp->launch_host_func(stream, cb_write_filled, ch) != dp->success)
         return dp->stream_synchronize(stream) == dp->success ? 1 : -EIO;
     return 0;
 }

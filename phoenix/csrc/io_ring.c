@@ -167,11 +167,14 @@ static int enter(struct io_ring *r, unsigned wait_nr, int64_t ns)
     unsigned flags = (wait_nr || (r->setup_flags & IORING_SETUP_DEFER_TASKRUN)) ? IORING_ENTER_GETEVENTS : 0;
     if (!r->to_submit && !flags)
         return 0;
-    struct __kernel_timespec ts = {.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
-    struct io_uring_getevents_arg arg;
-    memset(&arg, 0, sizeof(arg));
-    arg.ts = (uint64_t)(uintptr_t)&ts;
     int timed = wait_nr && ns > 0;
+    struct __kernel_timespec ts;
+    struct io_uring_getevents_arg arg;
+    if (timed) {
+        ts = (struct __kernel_timespec){.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
+        memset(&arg, 0, sizeof(arg));
+        arg.ts = (uint64_t)(uintptr_t)&ts;
+    }
     for (;;) {
         STAT_ADD(uring_enters, 1);
         int ret = timed ? sys_enter(r->fd, r->to_submit, wait_nr, flags | IORING_ENTER_EXT_ARG, &arg, sizeof(arg))

@@ -443,7 +443,7 @@ static void worker_loop_ring(struct io_worker *w)
         efd_arm(w);
         if (wait)
             timer_arm(w);
-        /* copies being polled: wake up to query them (IO_POLL_NS) */
+        /* copies being polled: wake up to query them (poll_ns) */
         int rc = wait && w->done_head ? ring_enter_timeout(&w->ring, wait, w->poll_ns) : ring_enter(&w->ring, wait);
         timed_out = rc == -ETIME;
         if (rc == -EBUSY || rc == -EAGAIN) /* completions must be reaped first */

@@ -98,7 +98,7 @@ void chunk_fail(struct io_worker *w, struct io_chunk *ch, int err);
 /* io_copy.c: device copies, by the worker on its streams. */
 /* Queue the device copy of a staged read whose file I/O is done (callback batched). */
 void start_read_copy(struct io_worker *w, struct io_chunk *ch);
-/* Queue the copies of the reads reaped this round (after the next reads are submitted). */
+/* Queue the copies of the reads reaped this round (after the next reads are admitted). */
 void run_copies(struct io_worker *w);
 /* Launch one completion callback per device for the copies queued since the last flush
  * (or, polling, record one event per device). */
@@ -108,11 +108,9 @@ int poll_copies(struct io_worker *w);
 /* Polling: set up the worker's entries (at its start) / destroy their events (at its end). */
 void done_init(struct io_worker *w);
 void done_fini(struct io_worker *w);
-/* A staged write: queue the device -> slot copy, then cb. 0 queued, 1 done synchronously,
- * -EIO on a vendor error. */
-int dev_copy_to_slot(struct io_worker *w, struct io_chunk *ch, phx_host_fn cb);
-/* Stream callback: a staged write's slot is filled; hand the chunk back to its worker. */
-void cb_write_filled(void *arg);
+/* A staged write: queue the device -> slot copy; the worker writes the slot once it is
+ * done. 0 queued, 1 done synchronously, -EIO on a vendor error. */
+int dev_copy_to_slot(struct io_worker *w, struct io_chunk *ch);
 /* A file-mapping hit: one copy per piece, one callback for the request. */
 void fmap_req_start(struct io_worker *w, struct io_chunk *c0);
 /* The worker's stream for device dev (made on first use), or NULL. */
