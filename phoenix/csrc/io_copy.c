@@ -73,6 +73,7 @@ static void cb_read_copied_list(void *arg)
 void done_init(struct io_worker *w)
 {
     w->done_head = w->done_tail = w->done_free = NULL;
+    w->done_writes = 0;
     for (int i = IO_DONE_EVENTS - 1; i >= 0; i--) {
         w->done[i].ev = NULL;
         w->done[i].dev = -1;
@@ -130,6 +131,7 @@ static int done_queue(struct io_worker *w, int dev, void *stream, int write, str
     else
         w->done_head = e;
     w->done_tail = e;
+    w->done_writes += write;
     STAT_ADD(copy_events, 1);
     return 0;
 }
@@ -158,6 +160,7 @@ int poll_copies(struct io_worker *w)
             w->done_tail = prev;
         struct io_chunk *chunks = e->chunks;
         int write = e->write;
+        w->done_writes -= write;
         e->next = w->done_free;
         w->done_free = e;
         if (write) {

@@ -443,8 +443,11 @@ static void worker_loop_ring(struct io_worker *w)
         efd_arm(w);
         if (wait)
             timer_arm(w);
-        /* copies being polled: wake up to query them (poll_ns) */
-        int rc = wait && w->done_head ? ring_enter_timeout(&w->ring, wait, w->poll_ns) : ring_enter(&w->ring, wait);
+        /* copies being polled: wake up to query them (poll_ns); only reads' copies while file
+         * I/O is in flight: its completions wake the worker, the bound is a backstop (fewer
+         * wakeups of many workers, which a device served by the CPU feels) */
+        int64_t bound = !w->done_head ? 0 : w->ring_inflight && !w->done_writes ? IO_POLL_MAX_NS : w->poll_ns;
+        int rc = wait && bound ? ring_enter_timeout(&w->ring, wait, bound) : ring_enter(&w->ring, wait);
         timed_out = rc == -ETIME;
         if (rc == -EBUSY || rc == -EAGAIN) /* completions must be reaped first */
             wait = 0;
