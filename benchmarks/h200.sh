@@ -86,9 +86,9 @@ if has cpusplit; then
     # issue 21: where phoenix's CPU goes per chunk on the loop device over RAM: cold reads and writes of a 4 GiB file
     # at several workers:queue depth:chunk points, CPU split per thread (caller, phx-io workers, the runtime's threads)
     # (PHX_SPLIT_FIXED=on,off / PHX_SPLIT_COMPLETION=auto,callback: each point with registered buffers or not, with
-    # polled events or host callbacks, alternating)
+    # polled events or host callbacks, alternating; PHX_SPLIT_RANDOM= (set, empty): no random reads)
     timeout ${PHX_SPLIT_TIMEOUT:-150} python3 -P benchmarks/cpu_split.py --fast-device 5G --size 4G \
-        --reps ${PHX_SPLIT_REPS:-1} ${PHX_SPLIT_POINTS:+--points $PHX_SPLIT_POINTS} ${PHX_SPLIT_RANDOM:+--random $PHX_SPLIT_RANDOM} \
+        --reps ${PHX_SPLIT_REPS:-1} ${PHX_SPLIT_POINTS:+--points $PHX_SPLIT_POINTS} --random "${PHX_SPLIT_RANDOM-64K:8:8}" \
         --fixed-buffers ${PHX_SPLIT_FIXED:-on} --copy-completion ${PHX_SPLIT_COMPLETION:-auto} --json "$OUT/cpu-split.json" \
         > "$OUT/cpu-split.log" 2>&1
     echo "cpusplit rc=$?"; cut -c1-300 "$OUT/cpu-split.log" | tail -40
@@ -134,15 +134,16 @@ fi
 if has loaderfast; then
     # issue 21 item 5: an 8 GiB multi-dtype safetensors file written onto a "loop device over RAM (stand-in for a fast
     # NVMe array)" (9 GiB tmpfs file, losetup --direct-io=on, ext4; torn down by phx bench itself, also on timeout's
-    # SIGTERM); raw O_DIRECT swept over threads 4,8,16,32 x chunks 1M,4M,16M (+ phoenix's own), its best re-measured
-    # interleaved with phxloader, safetensors and fastsafetensors (wheel in .whl/), cold and warm.
+    # SIGTERM); raw O_DIRECT swept over threads 4,8,16,32 x chunks 1M,4M,16M (+ phoenix's own) and phxloader over
+    # workers x bytes in flight (+ the settings' own), their bests re-measured interleaved with safetensors and
+    # fastsafetensors (wheel in .whl/), cold and warm.
     # Done when: phxloader cold >= 0.90x the raw best and faster than safetensors cold (the log's "issue 21 target").
     losetup -a; df -h /dev/shm | sed 1d
-    # PHX_INFLIGHT 16M (16 workers x 1 MiB chunks): the bytes in flight this device is fastest at (its raw sweep)
+    # PHX_INFLIGHT 16M (16 workers x 1 MiB chunks): the settings' own point of phxloader's sweep
     PHX_INFLIGHT=${PHX_INFLIGHT:-16M} timeout ${PHX_LOADERFAST_TIMEOUT:-420} phx bench loader --fast-device ${PHX_LOADERFAST_DEVICE:-9G} \
         --make ${PHX_LOADERFAST_SIZE:-8G} --device cuda --reps ${PHX_LOADERFAST_REPS:-3} \
         --json "$OUT/loader-fastdev.json" > "$OUT/loader-fastdev.log" 2>&1
-    echo "loaderfast rc=$?"; grep -v "^raw sweep [0-9]" "$OUT/loader-fastdev.log" | cut -c1-400 | tail -24
+    echo "loaderfast rc=$?"; grep -v "^raw sweep [0-9]\|^phxloader sweep [0-9]" "$OUT/loader-fastdev.log" | cut -c1-400 | tail -24
     if losetup -a | grep -q phx-fastdev || grep -q phx-fastdev /proc/mounts; then echo "loaderfast: LEFT BEHIND:"; losetup -a; fi
 fi
 

@@ -1,7 +1,8 @@
 """``phx bench loader`` (issue 21 item 5): its options and their refusals (one line, exit 2),
-the raw sweep and the choice of its best point, the peers (safetensors, fastsafetensors)
-called through their APIs or skipped with the reason recorded, and a whole run on a loop
-device over RAM with the host vendor (a test double, labelled as one)."""
+the raw sweep and the choice of its best point, phxloader's own sweep (its pick in force for
+the measured loads), the peers (safetensors, fastsafetensors) called through their APIs or
+skipped with the reason recorded, and a whole run on a loop device over RAM with the host
+vendor (a test double, labelled as one)."""
 
 from __future__ import annotations
 
@@ -50,8 +51,12 @@ def test_options_parse():
     a = parser.parse_args(["bench", "loader", "--fast-device", "9G", "--make", "8G", "--device", "phx"])
     assert a.func is loader.main and a.file is None and a.fast_device == 9 << 30 and a.make == 8 << 30
     assert a.raw_sweep is None and a.sweep_threads == [4, 8, 16, 32] and a.sweep_chunks == [1 << 20, 4 << 20, 16 << 20]
-    a = parser.parse_args(["bench", "loader", "m.safetensors", "--no-raw-sweep", "--sweep-threads", "2,6"])
+    assert a.phoenix_sweep is None
+    a = parser.parse_args(
+        ["bench", "loader", "m.safetensors", "--no-raw-sweep", "--sweep-threads", "2,6", "--no-phoenix-sweep"]
+    )
     assert a.file == "m.safetensors" and a.raw_sweep is False and a.sweep_threads == [2, 6] and a.fast_device is None
+    assert a.phoenix_sweep is False
 
 
 def test_refusals_are_one_line(tmp_path):
@@ -169,10 +174,33 @@ def test_bench_interleaves_peers_ratios_against_the_best(tmp_path, monkeypatch):
 
     monkeypatch.setattr(loader, "safetensors_impl", fake_st)
     monkeypatch.setattr(loader, "fastsafetensors_impl", failing)
+    # phxloader's sweep: the settings in force at each load, in order
+    under = []
+    real_load = loader.load_file
+
+    def load_file(*a, **k):
+        s = loader.settings()
+        under.append((s.threads, s.inflight))
+        return real_load(*a, **k)
+
+    monkeypatch.setattr(loader, "load_file", load_file)
+    grid = [(1, 1 << 20), (2, 4 << 20)]
     res = loader.bench(
-        f, "phx", 2, sweep=True, sweep_threads=[1, 2], sweep_chunks=[1 << 20], fast_device={"label": "x"}, quiet=True
+        *(f, "phx", 2),
+        **dict(sweep=True, sweep_threads=[1, 2], sweep_chunks=[1 << 20], phoenix_sweep=True, phoenix_grid=grid),
+        fast_device={"label": "x"},
+        quiet=True,
     )
     assert len(res["raw_sweep"]) == 3 and res["raw_best"]["best_of"] == 3
+    s = loader.settings()
+    own = (s.threads, s.inflight)
+    swept = [(p["threads"], p["inflight"]) for p in res["phoenix_sweep"]]
+    assert swept == sorted({*grid, own}) and under[: len(swept)] == swept
+    pick = res["phoenix_pick"]
+    assert pick["gbps"] == max(p["gbps"] for p in res["phoenix_sweep"]) and pick["best_of"] == len(swept)
+    assert (pick["at_settings"]["threads"], pick["at_settings"]["inflight"]) == own
+    assert under[len(swept) :] == [(pick["threads"], pick["inflight"])] * 4  # cold and warm, 2 repetitions
+    assert (loader.settings().threads, loader.settings().inflight) == own  # the pick's override ended
     raw = res["raw_odirect_cold"]
     assert (raw["threads"], raw["chunk"]) == (res["raw_best"]["threads"], res["raw_best"]["chunk"]) and raw["best"]
     assert res["impls"] == [
@@ -214,13 +242,21 @@ def test_fast_device_run_labelled_swept_and_torn_down(tmp_path):
     assert res["raw_odirect_cold"]["config"] == res["raw_best"]["config"]
     for name in ("raw_odirect_cold", "phxloader_cold", "phxloader_warm"):
         assert res[name]["storage"] == LABEL and res[name]["gbps"] > 0 and res[name]["x_raw"] > 0
+    assert res["phoenix_pick"]["best_of"] == len(res["phoenix_sweep"]) >= len(loader.PHX_GRID)
     assert "fastsafetensors" in res["skipped"] and "safetensors" in res["skipped"]
     try:
         import fastsafetensors  # noqa: F401
     except ImportError:
         assert res["skipped"]["fastsafetensors"].startswith("not importable (")
     assert res["target"]["met"] is None  # no safetensors here: not judged
-    for words in ("x raw", "fastsafetensors: ", "issue 21 target", f"storage: {LABEL}", "test double"):
+    for words in (
+        "x raw",
+        "fastsafetensors: ",
+        "issue 21 target",
+        "phxloader sweep",
+        f"storage: {LABEL}",
+        "test double",
+    ):
         assert words in p.stdout, (words, p.stdout)
     assert _leftovers() == before
 
@@ -229,10 +265,14 @@ def test_fast_device_run_labelled_swept_and_torn_down(tmp_path):
 def test_fast_device_copies_an_existing_file(tmp_path):
     f = _small_file(tmp_path / "mine.safetensors")
     out = tmp_path / "l.json"
-    p = _run(f, "--fast-device", "128M", "--device", "phx", "--reps", "1", "--no-raw-sweep", "--json", str(out))
+    p = _run(
+        *(f, "--fast-device", "128M", "--device", "phx", "--reps", "1"),
+        *("--no-raw-sweep", "--no-phoenix-sweep", "--json", str(out)),
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     res = json.loads(out.read_text())
     assert (
         os.path.basename(res["file"]) == "mine.safetensors" and res["file"] != f and res["size"] == os.path.getsize(f)
     )
     assert "raw_sweep" not in res and res["raw_odirect_cold"]["best"] is False and res["storage"] == LABEL
+    assert "phoenix_sweep" not in res

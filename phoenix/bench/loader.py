@@ -9,7 +9,10 @@ O_DIRECT read of the same file into host memory (``raw.py``), interleaved in one
 ``--fast-device SIZE`` puts the file on a loop device over RAM (``fastdev.py``, a stand-in
 for a fast NVMe array) and sweeps the raw reference first (threads x chunk, one cold run per
 point); its best configuration is then measured interleaved with the loaders, and every
-ratio divides by that re-measured best. Issue 21's figure is read off one such run:
+ratio divides by that re-measured best. phxloader is swept too (I/O workers x bytes in
+flight, :data:`PHX_GRID` and the settings' own), and its fastest point is the one measured
+with the others, as an operator sets PHX_THREADS and PHX_INFLIGHT for a device. Issue 21's
+figure is read off one such run:
 phxloader cold at least :data:`TARGET_RAW` x the raw best and faster than safetensors cold.
 """
 
@@ -30,6 +33,7 @@ import numpy as np
 from phoenix.cli._run import comma_list, positive_int, positive_size, vendor_runtime
 from phoenix.phxloader import ALIGN, DEFAULT_CHUNK, DEFAULT_DEPTH, DTYPES, load_file, save_file
 from phoenix.settings import get as settings
+from phoenix.settings import override
 
 from . import fastdev
 from .files import drop_cache, warm_cache
@@ -42,6 +46,19 @@ SWEEP_THREADS = (4, 8, 16, 32)  #: the raw sweep's thread counts (phoenix's own 
 DEFAULT_NAME = "model.safetensors"  #: the file's name on the fast device when none is given
 TARGET_RAW = 0.90  #: issue 21: phxloader cold / the raw best, on the fast device, at least this
 OWN_FS = "the file's own file system"
+#: phxloader's sweep: (I/O workers, bytes of file I/O in flight), cold, one run per point (the
+#: settings' own point is added). A device served by CPU copies (a loop device) is fastest
+#: with few bytes and workers in flight; a fast NVMe array wants more.
+PHX_GRID = (
+    (1, 4 << 20),
+    (1, 16 << 20),
+    (2, 4 << 20),
+    (2, 16 << 20),
+    (4, 4 << 20),
+    (4, 16 << 20),
+    (8, 8 << 20),
+    (16, 16 << 20),
+)
 
 
 def _torch():
@@ -92,6 +109,36 @@ def pick_best(points: list[dict], own: tuple[int, int]) -> dict | None:
     }
 
 
+def phx_config_text(threads: int, inflight: int) -> str:
+    """E.g. "4 workers x 4 MiB in flight" (0: the default, 64 MiB per worker)."""
+    w = f"{threads} worker{'s' if threads != 1 else ''}"
+    return f"{w} x {inflight >> 20} MiB in flight" if inflight else f"{w} x 64 MiB in flight each"
+
+
+def phx_sweep(path: str, points, run, quiet: bool = False) -> list[dict]:
+    """One cold phxloader load (``run()``: bytes loaded) per (threads, inflight) point, its
+    workers and bounce pool made before the timing; a record per point."""
+    import phoenix.io
+
+    out = []
+    for i, (t, f) in enumerate(points):
+        with override(threads=t, inflight=f):
+            phoenix.io.prepare()
+            drop_cache(path)
+            t0 = time.perf_counter()
+            n = run()
+            secs = time.perf_counter() - t0
+        out.append(
+            {"threads": t, "inflight": f, "config": phx_config_text(t, f), "gbps": n / secs / 1e9, "seconds": secs}
+        )
+        if not quiet:
+            print(
+                f"phxloader sweep {i + 1}/{len(points)}: {out[-1]['config']} {out[-1]['gbps']:.2f} GB/s",
+                file=sys.stderr,
+            )
+    return out
+
+
 # -- the run ---------------------------------------------------------------------------------
 
 
@@ -107,6 +154,8 @@ def bench(
     sweep: bool = False,
     sweep_threads=SWEEP_THREADS,
     sweep_chunks=SWEEP_CHUNKS,
+    phoenix_sweep: bool = False,
+    phoenix_grid=PHX_GRID,
     storage: str = OWN_FS,
     fast_device: dict | None = None,
     vendor: str | None = None,
@@ -120,7 +169,9 @@ def bench(
     Cold: the file is dropped from the page cache first (fadvise; drop_caches when root);
     warm: it was read into it first. ``sweep``: the raw reference is first swept over
     ``sweep_threads`` x ``sweep_chunks`` (one cold run per point) and then measured at its
-    best point; without, at ``raw_threads`` (phoenix's threads) x ``raw_chunk``. Meant for an
+    best point; without, at ``raw_threads`` (phoenix's threads) x ``raw_chunk``.
+    ``phoenix_sweep``: phxloader is first swept cold over ``phoenix_grid`` (threads, bytes in
+    flight) plus the settings' own point, and measured at its fastest. Meant for an
     accelerator (``device="cuda"``): on ``"cpu"`` safetensors only maps the file (its tensors
     are paged in when touched), so its CPU figures are not comparable. Returns
     ``{impl: {"gbps": median GB/s (1e9), "x_raw": ..., "seconds": [...]}, "ratios": ...,
@@ -151,11 +202,23 @@ def bench(
 
     last_stats: dict = {}
 
-    def phx():
+    def load():
         sd = load_file(path, device, chunk=chunk, depth=depth)
         sync()
         last_stats.update(sd.stats)
         return sd.stats["bytes"]
+
+    own_phx = (s.threads, s.inflight)
+    phx_recs: list[dict] = []
+    phx_pick = None
+    if phoenix_sweep:
+        phx_recs = phx_sweep(path, sorted(set(phoenix_grid) | {own_phx}), load, quiet)
+        phx_pick = max(phx_recs, key=lambda p: p["gbps"])
+    pick = {"threads": phx_pick["threads"], "inflight": phx_pick["inflight"]} if phx_pick else {}
+
+    def phx():
+        with override(**pick):
+            return load()
 
     impls = [("raw_odirect_cold", raw, False), ("phxloader_cold", phx, False), ("phxloader_warm", phx, True)]
     peers: dict = {}
@@ -169,7 +232,8 @@ def bench(
         impls += [(f"{peer}_cold", fn, False), (f"{peer}_warm", fn, True)]
     import phoenix.io
 
-    phoenix.io.prepare()  # the worker pool and its pinned bounce slots, untimed
+    with override(**pick):
+        phoenix.io.prepare()  # the worker pool and its pinned bounce slots, untimed
     runs: dict = {name: [] for name, _, _ in impls}
     stats_of: dict = {}  # phxloader's own stats per repetition
     nbytes: dict = {}
@@ -221,6 +285,10 @@ def bench(
     if sweep:
         res["raw_sweep"] = sweep_recs
         res["raw_best"] = best
+    if phoenix_sweep:
+        at = next((p for p in phx_recs if (p["threads"], p["inflight"]) == own_phx), None)
+        res["phoenix_sweep"] = phx_recs
+        res["phoenix_pick"] = dict(phx_pick, best_of=len(phx_recs), at_settings=at)
     for name in res["impls"]:
         med = statistics.median(runs[name])
         impl, cache = name.rsplit("_", 1)
@@ -282,6 +350,14 @@ def report(res: dict) -> None:
         print(
             f"  raw O_DIRECT sweep (cold, one run per point, GB/s): {pts}; best {best['config']} "
             f"{best['sweep_gbps']:.2f}" + (f"; at phoenix's {at['config']}: {at['gbps']:.2f}" if at else "")
+        )
+    pick = res.get("phoenix_pick")
+    if pick:
+        pts = ", ".join(f"{p['config']} {p['gbps']:.2f}" for p in res["phoenix_sweep"])
+        at = pick["at_settings"]
+        print(
+            f"  phxloader sweep (cold, one run per point, GB/s): {pts}; measured at its fastest, {pick['config']}"
+            + (f"; at the settings' own {at['config']}: {at['gbps']:.2f}" if at else "")
         )
     for k, v in res["ratios"].items():
         print(f"  {k:38s} {v:.3f}")
@@ -447,6 +523,13 @@ def add_parser(sub) -> None:
         metavar="SIZE[,SIZE...]",
         help="the sweep's chunk sizes (default 1M,4M,16M)",
     )
+    b.add_argument(
+        "--phoenix-sweep",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="sweep phxloader over I/O workers x bytes in flight first (1,2,4,8,16 workers, 4-16 MiB, and the "
+        "settings' own; one cold run per point), then measure it at its fastest (default: on with --fast-device)",
+    )
     b.add_argument("--json", metavar="OUT", help="also write the result as JSON")
     b.set_defaults(func=main)
 
@@ -489,6 +572,8 @@ def main(args) -> int:
     fast = getattr(args, "fast_device", None)
     if args.raw_sweep is None:
         args.raw_sweep = bool(fast)
+    if args.phoenix_sweep is None:
+        args.phoenix_sweep = bool(fast)
     if not fast and not args.file:
         raise ValueError("give a .safetensors FILE (--make SIZE writes one there), or --fast-device SIZE --make SIZE")
     src, name, need = placement(args) if fast else (None, args.file, 0)
@@ -503,6 +588,7 @@ def main(args) -> int:
         sweep=args.raw_sweep,
         sweep_threads=args.sweep_threads,
         sweep_chunks=args.sweep_chunks,
+        phoenix_sweep=args.phoenix_sweep,
         vendor=sel.name,
         test_double=bool(sel.runtime_cls.is_test_double),
     )
