@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # The kv-trace replay on the H200 machine (issue 21, item 4: the headline replay), one storage tier per stage:
 #   PYTHONPATH=<phoenix installed, e.g. /tmp/phx-site:/tmp/site> OUT=<dir> benchmarks/kvtrace_h200.sh [stages...]
-#   stages: smoke disk loop tmpfs plot   (default: all of them, in that order)
+#   stages: smoke disk loop stripe tmpfs plot   (default: all but stripe, in that order)
 # Where a command may run 10 minutes at most, run one tier per command (each stage stops itself
 # before: PHX_KV_STAGE_TIMEOUT, 540 s; the JSON is written after every point, so what finished is kept):
 #   ... kvtrace_h200.sh smoke;  ... disk;  ... loop;  ... tmpfs plot        (~1 + 3 x 9.5 minutes)
 # Expects phoenix importable (PYTHONPATH set by the caller, as benchmarks/h200.sh's setup stage
 # leaves it), KvikIO and CuPy for the kvikio configuration, torch (else CuPy) for the prefill
-# compute; PHX_VENDOR=nvidia. Writes under $OUT: kvtrace-{smoke,disk,loop,tmpfs}.{json,log},
-# kvtrace-{disk,loop,tmpfs}.png (each tier alone) and kvtrace-tiers.png (the three side by side).
+# compute; PHX_VENDOR=nvidia. Writes under $OUT: kvtrace-{smoke,disk,loop,stripe,tmpfs}.{json,log},
+# kvtrace-{disk,loop,stripe,tmpfs}.png (each tier alone) and kvtrace-tiers.png (the tiers side by side).
 #
 # Tiers (the SSD tier's slab, read cold: page cache dropped and phoenix's windows released per point):
 #   disk:  the local virtio disk (/root, ~2 GB/s)
 #   loop:  a loop device over RAM with ext4 (--fast-device auto: sized for the slab; the stand-in
 #          for a fast NVMe array; root, and the slab's size free in /dev/shm)
+#   stripe: PHX_KV_STRIPES (4) such loop devices, the slab striped over them block by block
+#          (--fast-devices: the stand-in for a fast 4-drive array; one loop device's rate is
+#          bounded per device, 4 in parallel read ~3x one on the H200 machine)
 #   tmpfs: /dev/shm itself: the slab is page cache (RAM-backed, faster than any drive)
 # Configurations: dram (evicted KV recomputed), staged (naive pread + synchronous copy), kvikio
 # (KvikIO compat mode, 16 threads, 4 MiB tasks, its opportunistic Direct I/O on: what a user picks
@@ -110,6 +113,14 @@ if has loop; then
     losetup -a | grep phx-fastdev && echo "WARNING: a phx-fastdev loop device is left (losetup -d it)"
 fi
 
+if has stripe; then
+    # phoenix at 16 MiB in flight per device (64M, its default), as on the one-device tier
+    PHX_INFLIGHT=${PHX_KV_STRIPE_INFLIGHT:-64M} tier stripe "${PHX_KV_STRIPE_TIMEOUT:-$STAGE_TIMEOUT}" \
+        "${PHX_KV_STRIPE_CONC:-$CONC}" --slab /root/phx-kvtrace.slab --fast-device "${PHX_KV_FAST_DEVICE:-auto}" \
+        --fast-devices "${PHX_KV_STRIPES:-4}"
+    losetup -a | grep phx-fastdev && echo "WARNING: a phx-fastdev loop device is left (losetup -d it)"
+fi
+
 if has tmpfs; then
     tier tmpfs "${PHX_KV_TMPFS_TIMEOUT:-$STAGE_TIMEOUT}" "${PHX_KV_TMPFS_CONC:-$CONC}" \
         --slab /dev/shm/phx-kvtrace.slab --label "tmpfs (/dev/shm): the slab is page cache"
@@ -118,11 +129,11 @@ fi
 
 if has plot; then
     files=()
-    for t in disk loop tmpfs; do [ -s "$OUT/kvtrace-$t.json" ] && files+=("$OUT/kvtrace-$t.json"); done
+    for t in disk loop stripe tmpfs; do [ -s "$OUT/kvtrace-$t.json" ] && files+=("$OUT/kvtrace-$t.json"); done
     if [ ${#files[@]} -gt 0 ]; then
         $PY -m phoenix.cli.phx bench kv-trace plot "${files[@]}" --out "$OUT/kvtrace-tiers.png"
         echo "plot rc=$?"
     else
-        echo "plot: no kvtrace-{disk,loop,tmpfs}.json under $OUT"
+        echo "plot: no kvtrace-{disk,loop,stripe,tmpfs}.json under $OUT"
     fi
 fi

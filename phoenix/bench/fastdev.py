@@ -24,6 +24,16 @@ import sys
 import tempfile
 
 LABEL = "loop device over RAM (stand-in for a fast NVMe array)"
+
+
+def label(count: int = 1) -> str:
+    """:data:`LABEL`, or for ``count`` devices with files striped over them (a loop device's
+    rate is bounded per device; several in parallel add up, as the drives of an array do)."""
+    if count <= 1:
+        return LABEL
+    return f"{count} loop devices over RAM, striped (stand-in for a fast {count}-drive NVMe array)"
+
+
 SHM = "/dev/shm"
 MKFS_OPTS = ["-q", "-F", "-m", "0", "-E", "lazy_itable_init=0,lazy_journal_init=0"]  # -m 0: no blocks kept for root
 _SIGNALS = tuple(getattr(signal, s) for s in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, s))
@@ -48,9 +58,12 @@ def _sh(*cmd: str, timeout: float = 120) -> str:
     return p.stdout.strip()
 
 
-def check(dev_size: int, file_size: int, fs: str = "ext4", shm: str = SHM, what: str | None = None) -> None:
-    """Refuse, with what is needed, a fast device that cannot be set up here (``what``: the
-    files it is for, as the error names them; default a ``--size`` bench file)."""
+def check(
+    dev_size: int, file_size: int, fs: str = "ext4", shm: str = SHM, what: str | None = None, count: int = 1
+) -> None:
+    """Refuse, with what is needed, a fast device (``count`` of them, each holding
+    ``file_size``) that cannot be set up here (``what``: the files it is for, as the error
+    names them; default a ``--size`` bench file)."""
     need = "--fast-device needs"
     if os.geteuid() != 0:
         raise PermissionError(errno.EPERM, f"{need} root (losetup, mkfs and mount); run as root or drop --fast-device")
@@ -76,10 +89,11 @@ def check(dev_size: int, file_size: int, fs: str = "ext4", shm: str = SHM, what:
     except OSError:
         raise FileNotFoundError(errno.ENOENT, f"{need} a tmpfs at {shm}") from None
     free = st.f_bavail * st.f_frsize
-    if free < dev_size:
+    if free < dev_size * count:
+        each = f" ({count} x {_size_text(dev_size)})" if count > 1 else ""
         raise OSError(
             errno.ENOSPC,
-            f"{need} {_size_text(dev_size)} free in {shm}; it has {_size_text(free)}: "
+            f"{need} {_size_text(dev_size * count)}{each} free in {shm}; it has {_size_text(free)}: "
             f"free some, or remount it larger (mount -o remount,size=... {shm})",
         )
 
@@ -254,10 +268,11 @@ def auto_size(need: int) -> int:
     return -(-needed(need, "ext4") // q) * q
 
 
-def add_argument(p, files: str, auto: bool = False) -> None:
+def add_argument(p, files: str, auto: bool = False, striped: bool = False) -> None:
     """The ``--fast-device SIZE`` option of a bench subcommand that puts ``files`` there
-    (``auto``: ``--fast-device auto`` too, sized by :func:`directory` for the files)."""
-    from ..cli._run import positive_size
+    (``auto``: ``--fast-device auto`` too, sized by :func:`directory` for the files;
+    ``striped``: ``--fast-devices N`` too, for :func:`directories`)."""
+    from ..cli._run import positive_int, positive_size
 
     def size_or_auto(text: str):
         if auto and text.strip().lower() == "auto":
@@ -273,6 +288,16 @@ def add_argument(p, files: str, auto: bool = False) -> None:
         "ext4 on it; all of it torn down at the end (root; needs SIZE of free RAM in /dev/shm)"
         + ("; auto: as large as they need" if auto else ""),
     )
+    if striped:
+        p.add_argument(
+            "--fast-devices",
+            type=positive_int,
+            default=1,
+            metavar="N",
+            help="with --fast-device: N loop devices of SIZE each (auto: sized for their share), "
+            f"{files} striped over them block by block, as over the drives of an array: one loop device's rate "
+            "is bounded per device, several add up (default 1)",
+        )
 
 
 @contextlib.contextmanager
@@ -281,21 +306,37 @@ def directory(args, need: int, quiet: bool = False, what: str | None = None):
     :func:`auto_size` of ``need``), checked to hold ``need`` bytes of files (``what``, as an
     error names them), yielding its mounted directory and setting ``args.fast_device_info``
     (records carry it); without: yields None. Torn down on exit, error or signal."""
+    with directories(args, need, quiet, what, count=1) as mnts:
+        yield mnts[0] if mnts else None
+
+
+@contextlib.contextmanager
+def directories(args, need: int, quiet: bool = False, what: str | None = None, count: int | None = None):
+    """:func:`directory` for ``count`` devices (default ``args.fast_devices``, else 1), each
+    holding ``need`` bytes (its share of striped files): yields their mounted directories
+    (an empty list without ``args.fast_device``); ``args.fast_device_info`` has the first's
+    info with the label of them all (:func:`label`), their count and loop devices."""
     size = getattr(args, "fast_device", None)
     if not size:
-        yield None
+        yield []
         return
+    count = count or getattr(args, "fast_devices", 1) or 1
     if size == "auto":
         size = auto_size(need)
     if pick_fs("ext4") != "ext4" or shutil.which("mkfs.ext4") is None:
         raise FileNotFoundError(errno.ENOENT, "--fast-device here needs mkfs.ext4 (e2fsprogs) on PATH")
-    check(size, need, "ext4", what=what)
-    with FastDevice(size, "ext4") as dev:
-        args.fast_device_info = dev.info()
+    check(size, need, "ext4", what=what, count=count)
+    with contextlib.ExitStack() as stack:
+        devs = [stack.enter_context(FastDevice(size, "ext4")) for _ in range(count)]
+        info = dict(devs[0].info(), label=label(count))
+        if count > 1:
+            info.update(devices=count, loops=[d.loop for d in devs], striped="block by block, in turn")
+        args.fast_device_info = info
         if not quiet:
-            print(
-                f"on a {LABEL}: {dev.loop} over {dev.image}, direct I/O {'on' if dev.dio else 'OFF'}, "
-                f"{dev.info()['fs_text']}, mounted at {dev.mnt}",
-                file=sys.stderr,
-            )
-        yield dev.mnt
+            for dev in devs:
+                print(
+                    f"on a {LABEL}: {dev.loop} over {dev.image}, direct I/O {'on' if dev.dio else 'OFF'}, "
+                    f"{dev.info()['fs_text']}, mounted at {dev.mnt}",
+                    file=sys.stderr,
+                )
+        yield [dev.mnt for dev in devs]

@@ -186,9 +186,14 @@ def add_parser(sub) -> None:
         default=parse_size("32G"),
         help="SSD tier capacity for blocks demoted during the replay (default 32G; history comes on top)",
     )
-    t.add_argument("--slab", default="/tmp/phx-kvtrace.slab", help="slab file of the SSD tier (and SLAB.history)")
+    t.add_argument(
+        "--slab",
+        default="/tmp/phx-kvtrace.slab",
+        help="slab file of the SSD tier (and SLAB.history); several, comma-separated (one per drive): the tier "
+        "striped over them block by block",
+    )
     t.add_argument("--keep-slab", action="store_true", help="leave the slab files in place (not on a --fast-device)")
-    fastdev.add_argument(t, "the SSD tier's slab (--slab's file name)", auto=True)
+    fastdev.add_argument(t, "the SSD tier's slab (--slab's file name)", auto=True, striped=True)
     k = p.add_argument_group("kvikio (the KvikIO configuration: compat mode, POSIX I/O in its thread pool)")
     k.add_argument("--kvikio-threads", type=positive_int, default=16, help="KvikIO's num_threads (default 16)")
     k.add_argument(
@@ -280,9 +285,9 @@ def _meta(args, rp, stats, note: str) -> dict:
         "dram_bytes": rp.cache.dram.nslots * rp.bb,
         "ssd_dynamic_bytes": rp.cache.ssd.nslots * rp.bb,
         "history_bytes": len(rp.history) * rp.bb,
-        "slab": rp.slab.path,
+        "slab": ",".join(rp.slab.paths),
         "slab_write_s": rp.slab_write_s,
-        "storage": fastdev.LABEL if getattr(args, "fast_device_info", None) else "",
+        "storage": args.fast_device_info["label"] if getattr(args, "fast_device_info", None) else "",
         "fast_device": getattr(args, "fast_device_info", None),
         "time_scale": args.time_scale,
         "token_scale": args.token_scale,
@@ -310,6 +315,16 @@ def check_options(args) -> None:
         raise ValueError(
             f"--max-duration {args.max_duration:g} is shorter than --duration {args.duration:g}: give it at least "
             "as long (it caps the time a point spends reaching --min-samples)"
+        )
+    n = getattr(args, "fast_devices", 1)
+    if n > 1 and not getattr(args, "fast_device", None):
+        raise ValueError(
+            f"--fast-devices {n} stripes the slab over loop devices that --fast-device makes: give --fast-device "
+            "SIZE|auto too (or --slab A,B,... to stripe it over files of your own drives)"
+        )
+    if n > 1 and "," in args.slab:
+        raise ValueError(
+            f"--fast-devices {n} puts one slab file on each device: give --slab one file name, not {args.slab!r}"
         )
 
 
@@ -370,11 +385,13 @@ def run(args, log=print, on_record=None, records: list[dict] | None = None) -> l
         args.configs, note = resolve_configs(args, rp.rt.name)
         if note:
             log(f"note: {note}")
-        need = rp.slab.nbytes() if any(c != "dram" for c in args.configs) else 4096
-        with fastdev.directory(args, need, what=f"the SSD tier's slab ({need / 2**30:.2f} GiB)") as mnt:
-            if mnt:
-                rp.slab.move(os.path.join(mnt, os.path.basename(args.slab)))
-                args.label = args.label or fastdev.LABEL
+        n = getattr(args, "fast_devices", 1) if getattr(args, "fast_device", None) else rp.slab.lanes
+        need = rp.slab.nbytes(n) if any(c != "dram" for c in args.configs) else 4096
+        share = f" per device, {n} files striped" if n > 1 else ""
+        with fastdev.directories(args, need, what=f"the SSD tier's slab ({need / 2**30:.2f} GiB{share})") as mnts:
+            if mnts:
+                rp.slab.move([os.path.join(m, os.path.basename(rp.slab.path)) for m in mnts])
+                args.label = args.label or args.fast_device_info["label"]
             try:
                 _points(args, rp, stats, note, log, on_record, records)
             finally:

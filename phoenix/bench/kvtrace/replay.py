@@ -171,9 +171,12 @@ class Replayer:
         if any(c != "dram" for c in self.args.configs):
             keys = {k: block_key(*k) for k in self.history}
             self.slab_write_s = self.slab.create(self.history, keys)
+            where = self.slab.hist_path
+            if self.slab.lanes > 1:
+                where = f"{self.slab.lanes} files, block by block ({', '.join(self.slab.hist_paths)})"
             self.log(
                 f"slab: {len(self.history)} history blocks ({len(self.history) * self.bb / 2**30:.2f} GiB) written to "
-                f"{self.slab.hist_path} in {self.slab_write_s:.1f} s; dynamic region {self.cache.ssd.nslots} blocks"
+                f"{where} in {self.slab_write_s:.1f} s; dynamic region {self.cache.ssd.nslots} blocks"
             )
         for i in range(self.cmax):
             self.staging[i] = self.rt.host_alloc_pinned(self.bb)
@@ -193,7 +196,7 @@ class Replayer:
         t0 = time.perf_counter()
         self.cache.reset(config, self.history)
         if config != "dram":
-            for p in (self.slab.hist_path, self.slab.path):
+            for p in self.slab.all_paths():
                 drop_cache(p)
             if hasattr(self.pio, "fmap_clear"):
                 self.pio.fmap_clear()  # every point starts without phoenix's page-cache mappings

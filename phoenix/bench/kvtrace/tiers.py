@@ -154,51 +154,81 @@ class KVCache:
 
 
 class Slab:
-    """The SSD tier's files: ``<path>.history`` (pre-written history, read-only during the
-    replay) and ``<path>`` (blocks demoted during the replay). One slot = one block."""
+    """The SSD tier's files, per lane (a drive: ``--slab A,B,...`` or ``--fast-devices N``):
+    ``<path>.history`` (pre-written history, read-only during the replay) and ``<path>``
+    (blocks demoted during the replay). One slot = one block; slots go to the lanes in turn
+    (slot i on lane i mod N, as RAID 0 stripes a volume over its drives)."""
 
-    def __init__(self, path: str, block_bytes: int, history_slots: int, dynamic_slots: int):
-        self.path, self.bb = path, block_bytes
-        self.hist_path = path + ".history"
+    def __init__(self, path, block_bytes: int, history_slots: int, dynamic_slots: int):
+        self.bb = block_bytes
         self.history_slots, self.dynamic_slots = history_slots, dynamic_slots
         self.files: dict = {}
         self.fds: dict = {}
+        self.move(path)
 
-    def nbytes(self) -> int:
-        """Bytes the slab can come to: the history, and the dynamic region once written."""
-        return (self.history_slots + max(1, self.dynamic_slots)) * self.bb
+    @property
+    def lanes(self) -> int:
+        return len(self.paths)
 
-    def move(self, path: str) -> None:
-        """Put the slab at ``path`` instead (before :meth:`create`): e.g. on a fast device."""
+    def lane_slots(self, lanes: int | None = None) -> tuple[int, int]:
+        """(history, dynamic) slots the busiest lane holds, striped over ``lanes`` (default its own)."""
+        n = lanes or self.lanes
+        return -(-self.history_slots // n), max(1, -(-self.dynamic_slots // n))
+
+    def nbytes(self, lanes: int | None = None) -> int:
+        """Bytes one lane's files can come to, striped over ``lanes`` (default its own; one
+        lane: the whole slab): its history, and its dynamic region once written."""
+        return sum(self.lane_slots(lanes)) * self.bb
+
+    def all_paths(self) -> list[str]:
+        return [*self.hist_paths, *self.paths]
+
+    def move(self, path) -> None:
+        """Put the slab at ``path`` (one file, a comma-separated list or a list: one per lane)
+        instead, before :meth:`create`: e.g. on fast devices."""
         self.close()
-        self.path, self.hist_path = path, path + ".history"
+        paths = path.split(",") if isinstance(path, str) else list(path)
+        if not paths or any(not p for p in paths) or len(set(paths)) != len(paths):
+            raise ValueError(f"--slab {path!r}: one file, or several (comma-separated, distinct) striped over")
+        self.paths = paths
+        self.hist_paths = [p + ".history" for p in paths]
+        self.path, self.hist_path = paths[0], self.hist_paths[0]
 
     def check_space(self) -> None:
-        """Refuse, before writing anything, a slab its file system cannot hold."""
-        d = os.path.dirname(os.path.abspath(self.path))
-        try:
-            st = os.statvfs(d)
-        except FileNotFoundError:
-            raise FileNotFoundError(errno.ENOENT, f"--slab {self.path}: directory {d} does not exist") from None
-        free = st.f_bavail * st.f_frsize
-        for p in (self.path, self.hist_path):  # a slab left by an earlier run is overwritten
+        """Refuse, before writing anything, a slab its file systems cannot hold (lanes that
+        share one are counted together)."""
+        need: dict = {}  # st_dev -> [bytes needed, bytes free, directory]
+        for path, hist in zip(self.paths, self.hist_paths, strict=True):
+            d = os.path.dirname(os.path.abspath(path))
             try:
-                free += os.stat(p).st_blocks * 512
-            except OSError:
-                pass
-        if free < self.nbytes():
-            raise OSError(
-                errno.ENOSPC,
-                f"--slab {self.path}: the SSD tier needs {self.nbytes() / 2**30:.2f} GiB "
-                f"({self.history_slots} history blocks + {self.dynamic_slots} of --ssd, {self.bb >> 20} MiB each) "
-                f"and {d} has {free / 2**30:.2f} GiB free: lower --ssd, the largest --concurrency or --warm-start, "
-                "or put --slab elsewhere",
-            )
+                st, dev = os.statvfs(d), os.stat(d).st_dev
+            except FileNotFoundError:
+                raise FileNotFoundError(errno.ENOENT, f"--slab {path}: directory {d} does not exist") from None
+            e = need.setdefault(dev, [0, st.f_bavail * st.f_frsize, d])
+            e[0] += self.nbytes()
+            for p in (path, hist):  # a slab left by an earlier run is overwritten
+                try:
+                    e[1] += os.stat(p).st_blocks * 512
+                except OSError:
+                    pass
+        h, dyn = self.lane_slots()
+        for want, free, d in need.values():
+            if free < want:
+                lanes = f" striped over {self.lanes} files" if self.lanes > 1 else ""
+                raise OSError(
+                    errno.ENOSPC,
+                    f"--slab {self.path}{lanes}: the SSD tier needs {want / 2**30:.2f} GiB in {d} "
+                    f"({h} history blocks + {dyn} of --ssd per file, {self.bb >> 20} MiB each) "
+                    f"and it has {free / 2**30:.2f} GiB free: lower --ssd, the largest --concurrency or --warm-start, "
+                    "or put --slab elsewhere",
+                )
 
     def where(self, slot: int) -> tuple[str, int]:
+        n = self.lanes
         if slot < self.history_slots:
-            return self.hist_path, slot * self.bb
-        return self.path, (slot - self.history_slots) * self.bb
+            return self.hist_paths[slot % n], slot // n * self.bb
+        d = slot - self.history_slots
+        return self.paths[d % n], d // n * self.bb
 
     def create(self, history: dict, keys: dict, progress=None) -> float:
         """Write the history blocks (their patterns) and size the dynamic file; returns seconds."""
@@ -206,26 +236,34 @@ class Slab:
 
         self.check_space()
         t0 = time.perf_counter()
-        with open(self.path, "wb") as fh:
-            fh.truncate(max(1, self.dynamic_slots) * self.bb)
+        for path in self.paths:
+            with open(path, "wb") as fh:
+                fh.truncate(self.lane_slots()[1] * self.bb)
         bufsz = 64
         import numpy as np
 
         stage = np.empty(bufsz * self.bb, np.uint8)
         base = np.arange(self.bb // 8, dtype=np.uint64)
-        with phoenix.open(self.hist_path, "w") as f:
+        files = {p: phoenix.open(p, "w") for p in self.hist_paths}
+        try:
             items = sorted(history.items(), key=lambda kv: kv[1])
-            futs = []
             for i in range(0, len(items), bufsz):
                 batch = items[i : i + bufsz]
                 for j, (key, _slot) in enumerate(batch):
                     np.bitwise_xor(
                         base, np.uint64(keys[key]), out=stage[j * self.bb : (j + 1) * self.bb].view(np.uint64)
                     )
-                futs = [f.pwrite(stage, self.bb, slot * self.bb, j * self.bb) for j, (_key, slot) in enumerate(batch)]
+                futs = []
+                for j, (_key, slot) in enumerate(batch):
+                    path, off = self.where(slot)
+                    futs.append(files[path].pwrite(stage, self.bb, off, j * self.bb))
                 for fu in futs:
                     fu.result()
-            f.fsync()
+            for f in files.values():
+                f.fsync()
+        finally:
+            for f in files.values():
+                f.close()
         return time.perf_counter() - t0
 
     def open(self, config: str):
@@ -235,17 +273,15 @@ class Slab:
         if config == "phoenix":
             import phoenix
 
-            self.files = {p: phoenix.open(p, "r+") for p in (self.hist_path, self.path)}
+            self.files = {p: phoenix.open(p, "r+") for p in self.all_paths()}
         elif config == "kvikio":
             from . import kvikio_io
 
             # the history is only read; demoted blocks are written to the other file and read back
-            self.files = {
-                self.hist_path: kvikio_io.open_file(self.hist_path, "r"),
-                self.path: kvikio_io.open_file(self.path, "r+"),
-            }
+            self.files = {p: kvikio_io.open_file(p, "r") for p in self.hist_paths}
+            self.files.update({p: kvikio_io.open_file(p, "r+") for p in self.paths})
         elif config == "staged":
-            for p in (self.hist_path, self.path):
+            for p in self.all_paths():
                 try:
                     self.fds[p] = (os.open(p, os.O_RDWR | os.O_DIRECT), True)
                 except OSError:  # tmpfs and others refuse O_DIRECT: buffered
@@ -260,7 +296,7 @@ class Slab:
 
     def remove(self) -> None:
         self.close()
-        for p in (self.path, self.hist_path):
+        for p in self.all_paths():
             try:
                 os.unlink(p)
             except FileNotFoundError:
