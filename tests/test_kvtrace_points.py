@@ -334,20 +334,27 @@ def _fast_device_or_skip():
         pytest.skip("no free loop device")
 
 
-def test_fast_device_holds_the_slab_and_goes_away(tmp_path):
-    _fast_device_or_skip()
+FAST_CMD = ["bench", "kv-trace", "--dry-run", "--configs", "dram,phoenix", "--concurrency", "2", "--duration", "0.5"]
+
+
+def fast_kvtrace(tmp_path, *extra) -> list[dict]:
+    """The dry-run replay (dram and phoenix, 2 sessions) with ``extra`` fast-device options,
+    on the host vendor, as a command; its records (it must succeed)."""
     out = tmp_path / "kv.json"
-    env = dict(os.environ, PHX_VENDOR="host")
-    cmd = ["bench", "kv-trace", "--dry-run", "--configs", "dram,phoenix", "--concurrency", "2", "--duration", "0.5"]
     p = subprocess.run(
-        PHX + cmd + ["--fast-device", "auto", "--slab", str(tmp_path / "kv.slab"), "--json", str(out)],
+        PHX + FAST_CMD + [*extra, "--slab", str(tmp_path / "kv.slab"), "--json", str(out)],
         capture_output=True,
         text=True,
-        env=env,
+        env=dict(os.environ, PHX_VENDOR="host"),
         timeout=240,
     )
     assert p.returncode == 0, p.stderr[-3000:]
-    records = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_fast_device_holds_the_slab_and_goes_away(tmp_path):
+    _fast_device_or_skip()
+    records = fast_kvtrace(tmp_path, "--fast-device", "auto")
     assert {r["config"] for r in records} == {"dram", "phoenix"}
     for r in records:
         assert r["storage"] == fastdev.LABEL and r["label"] == fastdev.LABEL and r["verified"]
@@ -357,10 +364,10 @@ def test_fast_device_holds_the_slab_and_goes_away(tmp_path):
     assert not os.path.exists(os.path.dirname(slab))  # unmounted and removed
     # too small for the slab: one line that names it
     p = subprocess.run(
-        PHX + cmd + ["--fast-device", "4M", "--slab", str(tmp_path / "kv.slab")],
+        PHX + FAST_CMD + ["--fast-device", "4M", "--slab", str(tmp_path / "kv.slab")],
         capture_output=True,
         text=True,
-        env=env,
+        env=dict(os.environ, PHX_VENDOR="host"),
     )
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 2 and len(lines) == 1 and "cannot hold the SSD tier's slab" in lines[0], p.stderr

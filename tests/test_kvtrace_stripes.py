@@ -4,7 +4,6 @@ is written where it is then read from, a replay over two files verifies every lo
 N loop devices are set up, labelled and torn down. On the host vendor (a test double)."""
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_kvtrace_points import _fast_device_or_skip
+from test_kvtrace_points import _fast_device_or_skip, fast_kvtrace
 
 from phoenix.bench import fastdev, kvtrace
 from phoenix.bench.kvtrace.tiers import Slab
@@ -103,21 +102,7 @@ def test_a_replay_striped_over_two_files_verifies_every_load(rt, tmp_path):
 
 def test_fast_devices_stripe_the_slab_and_go_away(tmp_path):
     _fast_device_or_skip()
-    out = tmp_path / "kv.json"
-    env = dict(os.environ, PHX_VENDOR="host")
-    cmd = ["bench", "kv-trace", "--dry-run", "--configs", "dram,phoenix", "--concurrency", "2", "--duration", "0.5"]
-    p = subprocess.run(
-        PHX
-        + cmd
-        + ["--fast-device", "auto", "--fast-devices", "2", "--slab", str(tmp_path / "kv.slab")]
-        + ["--json", str(out)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=240,
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    records = json.loads(out.read_text())
+    records = fast_kvtrace(tmp_path, "--fast-device", "auto", "--fast-devices", "2")
     label = fastdev.label(2)
     assert "2 loop devices over RAM, striped" in label
     for r in records:
@@ -136,6 +121,7 @@ def test_fast_devices_stripe_the_slab_and_go_away(tmp_path):
     [
         (["--fast-devices", "2"], "give --fast-device"),
         (["--fast-devices", "2", "--fast-device", "auto", "--slab", "/tmp/a,/tmp/b"], "one file name"),
+        (["--fast-device", "auto", "--slab", "/tmp/a,/tmp/b"], "one file name"),
         (["--fast-devices", "0"], "--fast-devices"),
     ],
 )

@@ -322,9 +322,10 @@ def check_options(args) -> None:
             f"--fast-devices {n} stripes the slab over loop devices that --fast-device makes: give --fast-device "
             "SIZE|auto too (or --slab A,B,... to stripe it over files of your own drives)"
         )
-    if n > 1 and "," in args.slab:
+    if getattr(args, "fast_device", None) and "," in args.slab:
         raise ValueError(
-            f"--fast-devices {n} puts one slab file on each device: give --slab one file name, not {args.slab!r}"
+            f"--fast-device puts one slab file on each loop device (--fast-devices N of them): give --slab one "
+            f"file name, not {args.slab!r}"
         )
 
 
