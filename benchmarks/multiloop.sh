@@ -6,10 +6,17 @@
 # to each of the 4 at once, and 4 GiB to one. Prints GB/s (10^9 bytes) of all readers together;
 # everything it made is removed at the end.
 set -u
-N=4; SZ=4096
+N=4; SZ=${PHX_MULTILOOP_MIB:-4096}  # MiB per device (the readers reach 4 GiB into each)
+D=$(mktemp -d /dev/shm/phx-multiloop-XXXXXX) || exit 1
 devs=()
-for i in $(seq 0 $((N-1))); do dd if=/dev/zero of=/dev/shm/ml$i.img bs=1M count=$SZ status=none & done; wait
-for i in $(seq 0 $((N-1))); do d=$(losetup --find --show --direct-io=on /dev/shm/ml$i.img); devs+=($d); done
+cleanup() { for d in "${devs[@]}"; do losetup -d "$d"; done; rm -rf "$D"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM HUP
+for i in $(seq 0 $((N-1))); do dd if=/dev/zero of=$D/$i.img bs=1M count=$SZ status=none & done; wait
+for i in $(seq 0 $((N-1))); do
+  d=$(losetup --find --show --direct-io=on $D/$i.img) || { echo "losetup failed"; exit 1; }
+  devs+=("$d")
+done
 echo "devices: ${devs[*]}"
 run() { # label, then pairs dev:skipMiB
   local label=$1; shift; local t0=$(date +%s.%N)
@@ -25,9 +32,8 @@ run "4 devs, 2 each  " ${devs[0]}:0 ${devs[1]}:0 ${devs[2]}:0 ${devs[3]}:0 ${dev
 run "4 devs, 4 each  " $(for d in ${devs[@]}; do for s in 0 1024 2048 3072; do echo $d:$s; done; done)
 done
 # writes
-t0=$(date +%s.%N); for d in ${devs[@]}; do dd if=/dev/shm/ml0.img of=$d bs=1M count=1024 oflag=direct status=none & done; wait; t1=$(date +%s.%N)
+t0=$(date +%s.%N); for d in ${devs[@]}; do dd if=$D/0.img of=$d bs=1M count=1024 oflag=direct status=none & done; wait; t1=$(date +%s.%N)
 echo "4 devs write 1 each: $(python3 -c "print(round(4*1024*1048576/($t1-$t0)/1e9,2))") GB/s"
-t0=$(date +%s.%N); dd if=/dev/shm/ml1.img of=${devs[0]} bs=1M count=4096 oflag=direct status=none; t1=$(date +%s.%N)
+t0=$(date +%s.%N); dd if=$D/1.img of=${devs[0]} bs=1M count=4096 oflag=direct status=none; t1=$(date +%s.%N)
 echo "1 dev write 1: $(python3 -c "print(round(4096*1048576/($t1-$t0)/1e9,2))") GB/s"
 nproc; grep -m1 "model name" /proc/cpuinfo
-for d in "${devs[@]}"; do losetup -d "$d"; done; rm -f /dev/shm/ml*.img

@@ -135,3 +135,53 @@ def test_fast_devices_refusals_are_one_line(extra, words):
     )
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 2 and len(lines) == 1 and words in lines[0] and "Traceback" not in p.stderr, p.stderr
+
+
+def test_check_space_adds_up_the_lanes_on_one_file_system(tmp_path, monkeypatch):
+    bb = 256 << 20
+    s = Slab([str(tmp_path / "a.slab"), str(tmp_path / "b.slab")], bb, 4, 2)  # 3 blocks a lane: 1.5 GiB in all
+    real = os.statvfs
+
+    def statvfs(free):
+        def f(path):
+            st = real(path)
+            return os.statvfs_result((*st[:4], free // st.f_frsize, *st[5:]))
+
+        return f
+
+    monkeypatch.setattr(os, "statvfs", statvfs(2 << 30))
+    s.check_space()
+    monkeypatch.setattr(os, "statvfs", statvfs(1 << 30))  # room for one lane, not two
+    with pytest.raises(OSError, match=r"striped over 2 files: the SSD tier needs 1\.50 GiB in .* has 1\.00 GiB free"):
+        s.check_space()
+
+
+class _CountsAllocs:
+    """The host runtime, counting its allocations."""
+
+    def __init__(self, rt):
+        self._rt, self.allocs = rt, 0
+
+    def __getattr__(self, name):
+        attr = getattr(self._rt, name)
+        if "alloc" in name and callable(attr):
+
+            def counted(*a, **k):
+                self.allocs += 1
+                return attr(*a, **k)
+
+            return counted
+        return attr
+
+
+def test_a_bad_slab_list_is_refused_before_memory_is_taken(rt, tmp_path):
+    a = str(tmp_path / "a.slab")
+    args = _args(tmp_path, f"{a},{a}", "--configs", "phoenix", "--concurrency", "2")
+    counting = _CountsAllocs(rt)
+    with pytest.raises(ValueError, match="comma-separated, distinct"):
+        kvtrace.Replayer(args, kvtrace.generate(args.sessions, args.seed), rt=counting, log=lambda *a: None)
+    assert counting.allocs == 0
+    good = _args(tmp_path, a, "--configs", "phoenix", "--concurrency", "2")
+    rp = kvtrace.Replayer(good, kvtrace.generate(good.sessions, good.seed), rt=counting, log=lambda *a: None)
+    rp.close()
+    assert counting.allocs > 0  # the counter sees the allocations a replayer makes

@@ -410,10 +410,25 @@ static int flush_due(struct io_worker *w, int64_t *wait_ns)
     return 0;
 }
 
+/* The bound of a polling worker's wait (0: none): poll_ns; or, with file I/O in flight, only
+ * reads' copies pending and no one waiting for bounce slots (their completion frees some),
+ * IO_POLL_MAX_NS, a backstop: the file I/O's completions wake the worker (fewer wakeups of
+ * many workers, which a device served by the CPU feels). */
+static int64_t poll_bound(struct io_worker *w)
+{
+    if (!w->done_head)
+        return 0;
+    struct io_pool *p = &w->ctx->pool;
+    if (w->ring_inflight && !w->done_writes && !w->nparked && !atomic_load(&p->worker_waiters) &&
+        !__atomic_load_n(&p->cond_waiters, __ATOMIC_RELAXED))
+        return IO_POLL_MAX_NS;
+    return w->poll_ns;
+}
+
 static void worker_loop_ring(struct io_worker *w)
 {
     phx_ctx *ctx = w->ctx;
-    int timed_out = 0; /* the last wait ended by its bound, not by a completion */
+    int timed_out = 0; /* the last wait ended by its poll_ns bound, not by a completion */
     for (;;) {
         int progress = 0;
         if (w->done_head) {
@@ -443,12 +458,10 @@ static void worker_loop_ring(struct io_worker *w)
         efd_arm(w);
         if (wait)
             timer_arm(w);
-        /* copies being polled: wake up to query them (poll_ns); only reads' copies while file
-         * I/O is in flight: its completions wake the worker, the bound is a backstop (fewer
-         * wakeups of many workers, which a device served by the CPU feels) */
-        int64_t bound = !w->done_head ? 0 : w->ring_inflight && !w->done_writes ? IO_POLL_MAX_NS : w->poll_ns;
-        int rc = wait && bound ? ring_enter_timeout(&w->ring, wait, bound) : ring_enter(&w->ring, wait);
-        timed_out = rc == -ETIME;
+        /* copies being polled: wake up to query them (poll_bound) */
+        int64_t bound = wait ? poll_bound(w) : 0;
+        int rc = bound ? ring_enter_timeout(&w->ring, wait, bound) : ring_enter(&w->ring, wait);
+        timed_out = rc == -ETIME && bound == w->poll_ns; /* a backstop's timeout does not slow polling */
         if (rc == -EBUSY || rc == -EAGAIN) /* completions must be reaped first */
             wait = 0;
         reap(w);

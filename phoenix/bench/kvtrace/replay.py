@@ -119,6 +119,7 @@ class Replayer:
                 f"a first round needs {first_need} blocks of {self.bb >> 10} KiB in HBM but --hbm holds "
                 f"{args.hbm // self.bb}: raise --hbm, or lower --token-scale"
             )
+        slab_paths = Slab.parse(args.slab)  # refused before any memory is allocated
         if rt is None:
             if phoenix.settings.effective("vendor") in ("nvidia", "auto") and args.compute in ("auto", "torch"):
                 try:  # torch first: the nvidia port then shares torch's libcudart
@@ -143,7 +144,7 @@ class Replayer:
             for b in range(len(st.born)):
                 self.history[st.key(b)] = len(self.history)
         self.cache = KVCache(rt, self.backend, args, self.geo, len(self.history))
-        self.slab = Slab(args.slab, self.bb, len(self.history), self.cache.ssd.nslots)
+        self.slab = Slab(slab_paths, self.bb, len(self.history), self.cache.ssd.nslots)
         self.slab_write_s = 0.0
         self.staging: dict = {}
         self.poison_hook = None  # tests: called with (config, replayer) before a point's replay

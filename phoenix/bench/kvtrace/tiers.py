@@ -183,13 +183,22 @@ class Slab:
     def all_paths(self) -> list[str]:
         return [*self.hist_paths, *self.paths]
 
+    @staticmethod
+    def parse(path) -> list[str]:
+        """The lanes' files of ``path`` (one file, a comma-separated list or a list); refused
+        where one is empty or repeated."""
+        paths = path.split(",") if isinstance(path, str) else list(path)
+        if not paths or any(not p for p in paths) or len(set(paths)) != len(paths):
+            raise ValueError(
+                f"--slab {path!r}: give one file, or several to stripe the tier over (comma-separated, distinct)"
+            )
+        return paths
+
     def move(self, path) -> None:
         """Put the slab at ``path`` (one file, a comma-separated list or a list: one per lane)
         instead, before :meth:`create`: e.g. on fast devices."""
         self.close()
-        paths = path.split(",") if isinstance(path, str) else list(path)
-        if not paths or any(not p for p in paths) or len(set(paths)) != len(paths):
-            raise ValueError(f"--slab {path!r}: one file, or several (comma-separated, distinct) striped over")
+        paths = self.parse(path)
         self.paths = paths
         self.hist_paths = [p + ".history" for p in paths]
         self.path, self.hist_path = paths[0], self.hist_paths[0]
@@ -244,8 +253,10 @@ class Slab:
 
         stage = np.empty(bufsz * self.bb, np.uint8)
         base = np.arange(self.bb // 8, dtype=np.uint64)
-        files = {p: phoenix.open(p, "w") for p in self.hist_paths}
+        files: dict = {}
         try:
+            for p in self.hist_paths:
+                files[p] = phoenix.open(p, "w")
             items = sorted(history.items(), key=lambda kv: kv[1])
             for i in range(0, len(items), bufsz):
                 batch = items[i : i + bufsz]
@@ -257,8 +268,14 @@ class Slab:
                 for j, (_key, slot) in enumerate(batch):
                     path, off = self.where(slot)
                     futs.append(files[path].pwrite(stage, self.bb, off, j * self.bb))
-                for fu in futs:
-                    fu.result()
+                errors = []
+                for fu in futs:  # every write landed or failed before the stage buffer is reused
+                    try:
+                        fu.result()
+                    except Exception as exc:
+                        errors.append(exc)
+                if errors:
+                    raise errors[0]
             for f in files.values():
                 f.fsync()
         finally:
@@ -270,22 +287,27 @@ class Slab:
         """Open the files for a configuration: phoenix files, KvikIO files (inside its
         settings), or plain O_DIRECT descriptors."""
         self.close()
-        if config == "phoenix":
-            import phoenix
+        try:  # each file kept as it opens: close() closes those opened before an error
+            if config == "phoenix":
+                import phoenix
 
-            self.files = {p: phoenix.open(p, "r+") for p in self.all_paths()}
-        elif config == "kvikio":
-            from . import kvikio_io
+                for p in self.all_paths():
+                    self.files[p] = phoenix.open(p, "r+")
+            elif config == "kvikio":
+                from . import kvikio_io
 
-            # the history is only read; demoted blocks are written to the other file and read back
-            self.files = {p: kvikio_io.open_file(p, "r") for p in self.hist_paths}
-            self.files.update({p: kvikio_io.open_file(p, "r+") for p in self.paths})
-        elif config == "staged":
-            for p in self.all_paths():
-                try:
-                    self.fds[p] = (os.open(p, os.O_RDWR | os.O_DIRECT), True)
-                except OSError:  # tmpfs and others refuse O_DIRECT: buffered
-                    self.fds[p] = (os.open(p, os.O_RDWR), False)
+                # the history is only read; demoted blocks are written to the other files and read back
+                for p in self.all_paths():
+                    self.files[p] = kvikio_io.open_file(p, "r" if p in self.hist_paths else "r+")
+            elif config == "staged":
+                for p in self.all_paths():
+                    try:
+                        self.fds[p] = (os.open(p, os.O_RDWR | os.O_DIRECT), True)
+                    except OSError:  # tmpfs and others refuse O_DIRECT: buffered
+                        self.fds[p] = (os.open(p, os.O_RDWR), False)
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         for f in self.files.values():
