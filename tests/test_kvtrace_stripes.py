@@ -185,3 +185,12 @@ def test_a_bad_slab_list_is_refused_before_memory_is_taken(rt, tmp_path):
     rp = kvtrace.Replayer(good, kvtrace.generate(good.sessions, good.seed), rt=counting, log=lambda *a: None)
     rp.close()
     assert counting.allocs > 0  # the counter sees the allocations a replayer makes
+
+
+def test_panel_titles_wrap_the_long_striped_label():
+    from phoenix.bench.kvtrace.report import column_title
+
+    t = column_title("x", [{"label": fastdev.label(4)}])
+    lines = t.splitlines()
+    assert len(lines) >= 2 and all(len(ln) <= 48 for ln in lines) and " ".join(t.split()) == fastdev.label(4)
+    assert column_title("tier", []) == "tier" and column_title("x", [{"storage": "s"}]) == "s"

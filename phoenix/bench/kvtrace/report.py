@@ -211,9 +211,11 @@ def plot(records: list[dict], path: str, title: str) -> str:
         return MPL_MISSING + ": no plot written"
 
 
-def column_title(name: str, records: list[dict]) -> str:
+def column_title(name: str, records: list[dict], width: int = 48) -> str:
+    """The records' label (else storage, else ``name``), wrapped at ``width`` characters so
+    that side-by-side panels' titles do not run into each other."""
     r = next(iter(records), {})
-    return r.get("label") or r.get("storage") or name
+    return textwrap.fill(r.get("label") or r.get("storage") or name, width)
 
 
 def plot_tiers(runs: list[tuple[str, list[dict]]], path: str, title: str) -> str:
