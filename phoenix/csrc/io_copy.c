@@ -68,6 +68,16 @@ static void cb_read_copied_list(void *arg)
     }
 }
 
+/* A batch of staged reads whose copies are done (err: their fate unknown, they fail with EIO). */
+static void reads_copied(struct io_chunk *list, int err)
+{
+    for (struct io_chunk *c = list; c && err; c = c->next) {
+        c->err = EIO;
+        c->got = 0;
+    }
+    cb_read_copied_list(list);
+}
+
 /* ---- completion by polling ------------------------------------------------------------------ */
 
 void done_init(struct io_worker *w)
@@ -169,11 +179,7 @@ int poll_copies(struct io_worker *w)
             else
                 chunk_issue_subs(w, chunks);
         } else {
-            for (struct io_chunk *c = chunks; c && err; c = c->next) {
-                c->err = EIO;
-                c->got = 0;
-            }
-            cb_read_copied_list(chunks);
+            reads_copied(chunks, err);
         }
         n++;
     }
@@ -203,15 +209,8 @@ void flush_copies(struct io_worker *w)
         STAT_ADD(copy_flushes, 1);
         if (w->poll && done_queue(w, d, stream, 0, list) == 0)
             continue;
-        if (dp->launch_host_func(stream, cb_read_copied_list, list) != dp->success) {
-            int ok = dp->stream_synchronize(stream) == dp->success;
-            for (struct io_chunk *c = list; c; c = c->next)
-                if (!ok) {
-                    c->err = EIO;
-                    c->got = 0;
-                }
-            cb_read_copied_list(list);
-        }
+        if (dp->launch_host_func(stream, cb_read_copied_list, list) != dp->success)
+            reads_copied(list, dp->stream_synchronize(stream) != dp->success);
     }
 }
 

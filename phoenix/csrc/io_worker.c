@@ -394,14 +394,20 @@ static void reap(struct io_worker *w)
  * in the kernel would wake it, when bounce slots are awaited (the callback frees them), on
  * stop, or IO_FLUSH_NS after the oldest copy was queued; else *wait_ns is how long it may
  * still wait (the worker's sleep ends by then). */
+/* Does anyone wait for a bounce slot (this worker's parked chunks, other workers, callers)?
+ * Then copies whose completion frees slots are not left waiting. */
+static int slots_awaited(struct io_worker *w)
+{
+    struct io_pool *p = &w->ctx->pool;
+    return w->nparked || atomic_load(&p->worker_waiters) || __atomic_load_n(&p->cond_waiters, __ATOMIC_RELAXED);
+}
+
 static int flush_due(struct io_worker *w, int64_t *wait_ns)
 {
     *wait_ns = 0;
     if (!w->copied_since_ns)
         return 0;
-    struct io_pool *p = &w->ctx->pool;
-    if (!w->ring_inflight || atomic_load(&w->ctx->stop) || w->nparked || atomic_load(&p->worker_waiters) ||
-        __atomic_load_n(&p->cond_waiters, __ATOMIC_RELAXED))
+    if (!w->ring_inflight || atomic_load(&w->ctx->stop) || slots_awaited(w))
         return 1;
     int64_t left = IO_FLUSH_NS - (io_now_ns() - w->copied_since_ns);
     if (left <= 0)
@@ -418,9 +424,7 @@ static int64_t poll_bound(struct io_worker *w)
 {
     if (!w->done_head)
         return 0;
-    struct io_pool *p = &w->ctx->pool;
-    if (w->ring_inflight && !w->done_writes && !w->nparked && !atomic_load(&p->worker_waiters) &&
-        !__atomic_load_n(&p->cond_waiters, __ATOMIC_RELAXED))
+    if (w->ring_inflight && !w->done_writes && !slots_awaited(w))
         return IO_POLL_MAX_NS;
     return w->poll_ns;
 }

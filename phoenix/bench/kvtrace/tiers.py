@@ -170,6 +170,14 @@ class Slab:
     def lanes(self) -> int:
         return len(self.paths)
 
+    @property
+    def path(self) -> str:  # the first lane's (one lane: the slab's)
+        return self.paths[0]
+
+    @property
+    def hist_path(self) -> str:
+        return self.hist_paths[0]
+
     def lane_slots(self, lanes: int | None = None) -> tuple[int, int]:
         """(history, dynamic) slots the busiest lane holds, striped over ``lanes`` (default its own)."""
         n = lanes or self.lanes
@@ -198,10 +206,8 @@ class Slab:
         """Put the slab at ``path`` (one file, a comma-separated list or a list: one per lane)
         instead, before :meth:`create`: e.g. on fast devices."""
         self.close()
-        paths = self.parse(path)
-        self.paths = paths
-        self.hist_paths = [p + ".history" for p in paths]
-        self.path, self.hist_path = paths[0], self.hist_paths[0]
+        self.paths = self.parse(path)
+        self.hist_paths = [p + ".history" for p in self.paths]
 
     def check_space(self) -> None:
         """Refuse, before writing anything, a slab its file systems cannot hold (lanes that
