@@ -91,6 +91,9 @@ def _check_accounting(rec):
     assert c["bytes_loaded_ssd"] == c["ssd_loads"] * rec["meta"]["block_bytes"]
     assert c["verify_failures"] == 0 and rec["verified"]
     assert rec["rounds"] == c["rounds"] > 0
+    # the TTFT's phases add up to the TTFTs
+    phases = [c[k] for k in ("wait_s", "demote_s", "load_s", "compute_s")]
+    assert min(phases) >= 0 and sum(phases) == pytest.approx(rec["ttft_mean_s"] * rec["rounds"], rel=1e-6)
 
 
 def test_small_replay_accounting(rt, tmp_path):
@@ -226,3 +229,73 @@ def test_a_point_that_loaded_nothing_from_a_tier_is_flagged():
     assert out.count("WARNING:") == 2 and "phoenix at concurrency 1 loaded nothing from the SSD tier" in out
     for column in ("config", "conc", "rounds", "QPS", "TTFT", "hbm", "dram", "ssd", "recomp", "GB ld", "verified"):
         assert f"\n  {column} " in out.split("columns:", 1)[1], column
+
+
+class _Future:
+    def __init__(self, log, name, got=None, exc=None):
+        self.log, self.name, self.got, self.exc = log, name, got, exc
+
+    def result(self):
+        self.log.append(("waited", self.name))
+        if self.exc:
+            raise self.exc
+        return self.got
+
+
+class _Tasks:
+    """What ``Replayer._run_tasks`` uses of its replayer, recording the order of events."""
+
+    bb = 4096
+
+    def __init__(self, fail_start=None, fail_wait=None, short=None):
+        self.log, self.fail_start, self.fail_wait, self.short = [], fail_start, fail_wait, short
+
+    def _write_start(self, config, task):
+        name = task[1]
+        if name == self.fail_start:
+            raise OSError(28, f"{name}: no space")
+        self.log.append(("started", name))
+        exc = OSError(5, f"{name}: EIO") if name == self.fail_wait else None
+        return f"/slab/{name}", 0, _Future(self.log, name, self.bb // 2 if name == self.short else self.bb, exc)
+
+    def _run_task(self, config, task, slot):
+        self.log.append(("ran", task[0], task[1]))
+
+
+_DEMOTIONS = [
+    ("to_ssd", "w1", ("dram", 3), 10),
+    ("h2dram", "c1", 7, 3),
+    ("to_ssd", "w2", ("dram", 4), 11),
+    ("h2dram", "c2", 8, 4),
+    ("to_ssd", "w3", ("hbm", 9), 12),
+]
+
+
+def test_demotion_writes_start_together_and_finish_before_the_copies():
+    from phoenix.bench.kvtrace.replay import Replayer
+
+    fake = _Tasks()
+    Replayer._run_tasks(fake, "phoenix", list(_DEMOTIONS), 0)
+    assert fake.log == [
+        ("started", "w1"), ("started", "w2"), ("started", "w3"),
+        ("waited", "w1"), ("waited", "w2"), ("waited", "w3"),
+        ("ran", "h2dram", "c1"), ("ran", "h2dram", "c2"),
+    ]  # fmt: skip
+    fake = _Tasks()  # the naive loop: one task after the other, in order
+    Replayer._run_tasks(fake, "staged", list(_DEMOTIONS), 0)
+    assert fake.log == [("ran", t[0], t[1]) for t in _DEMOTIONS]
+
+
+@pytest.mark.parametrize(
+    "kind, want",
+    [("fail_start", "w2: no space"), ("fail_wait", "w1: EIO"), ("short", "short write 2048 of 4096")],
+)
+def test_a_failed_demotion_write_is_raised_after_every_started_one_is_waited(kind, want):
+    from phoenix.bench.kvtrace.replay import Replayer
+
+    fake = _Tasks(**{kind: "w2" if kind == "fail_start" else "w1"})
+    with pytest.raises(OSError, match=want):
+        Replayer._run_tasks(fake, "phoenix", list(_DEMOTIONS), 0)
+    started = [n for e, n in fake.log if e == "started"]
+    assert started and all(("waited", n) in fake.log for n in started)  # none left in flight
+    assert not any(e == "ran" for e, *_ in fake.log)  # no copy into a slot whose write failed

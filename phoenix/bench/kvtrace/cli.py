@@ -43,6 +43,7 @@ from .report import (  # noqa: F401 (re-exported: phoenix.bench.kvtrace.cli was 
     limits_text,
     plot,
     plot_tiers,
+    round_phases,
     sample_warnings,
     table,
     tier_warnings,
@@ -442,6 +443,7 @@ def _points(args, rp, stats, note, log, on_record, records) -> None:
                 f"{'-' if ci is None else f'{p99:.3f} s (95% CI {ci[0]:.3f}-{ci[1]:.3f})'}, "
                 f"QPS {rec['qps']:.2f}{'' if rec['verified'] else ', VERIFICATION FAILED'}"
                 f" (besides: {', '.join(f'{k} {v:.1f} s' for k, v in rec.get('phase_s', {}).items())})"
+                f"; a round's TTFT, mean: {round_phases(rec)}"
                 f"{'; WARNING: loaded nothing from ' + ' or '.join(empty) if empty else ''}"
             )
             for w in sample_warnings(rec):

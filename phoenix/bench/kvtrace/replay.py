@@ -197,8 +197,7 @@ class Replayer:
         t0 = time.perf_counter()
         self.cache.reset(config, self.history)
         if config != "dram":
-            for p in self.slab.all_paths():
-                drop_cache(p)
+            drop_cache(*self.slab.all_paths())
             if hasattr(self.pio, "fmap_clear"):
                 self.pio.fmap_clear()  # every point starts without phoenix's page-cache mappings
         with self._engine(config):
@@ -407,6 +406,7 @@ class Replayer:
                     break
                 n.hbm_waits += 1
                 c.cond.wait(1.0)
+            t_room = time.perf_counter()
             for k in resident:
                 c.hbm.pins[k] += 1
             src = {}  # pinned first: the demotions below must not evict what this round loads
@@ -423,13 +423,13 @@ class Replayer:
                     tasks += self._demote(victim, s, n)
         try:
             # data moves outside the lock: demotions first (they free the slots), then loads
-            for task in tasks:
-                self._run_task(config, task, slot)
+            self._run_tasks(config, tasks, slot)
         finally:
             with c.cond:
                 for task in tasks:
                     self._finish_task(task)
                 c.cond.notify_all()
+        t_demoted = time.perf_counter()
         if args.verify and loads:
             for b, _ in loads:
                 be.poison(stream, c.hbm_ptr(dst[b]), bb)
@@ -469,6 +469,7 @@ class Replayer:
                 raise OSError(5, f"{path}: short read, {got} of {bb} bytes at {off}")
         if dram_loads:
             self.rt.stream_synchronize(copy_stream)
+        t_loaded = time.perf_counter()
         # attention over the whole context, once the prefix is in HBM
         be.attention(stream, start, tokens)
         # the KV this round produces (recomputed prefix blocks, new ones; decode's as if produced)
@@ -476,7 +477,12 @@ class Replayer:
             if keys[b] not in resident:
                 be.fill(stream, c.hbm_ptr(dst[b]), bb, block_key(*keys[b]))
         be.sync(stream)
-        ttft = time.perf_counter() - t0
+        t_end = time.perf_counter()
+        ttft = t_end - t0
+        # where the TTFT went: room in HBM, demotions, loads (the linear layers overlap them; with
+        # --verify the destinations' poisoning too), the rest
+        n.wait_s, n.demote_s = t_room - t0, t_demoted - t_room
+        n.load_s, n.compute_s = t_loaded - t_demoted, t_end - t_loaded
         # accounting and verification (untimed)
         n.blocks_needed = need
         n.hbm_hits = sum(1 for w in where[:m] if w == "hbm")
@@ -563,33 +569,69 @@ class Replayer:
         n.bytes_written_ssd += self.bb
         return [("to_ssd", key, src, sslot)]
 
+    def _run_tasks(self, config: str, tasks: list, slot: int) -> None:
+        """A round's demotions. phoenix and KvikIO write the blocks leaving DRAM (or HBM)
+        for the SSD tier all at once, as their engines' futures allow, then copy the HBM
+        victims into the DRAM slots those writes freed; the staged loop does one after the
+        other. A DRAM slot taken in this round is not in the LRU until its task finishes,
+        so no write of this round reads a slot one of its copies fills."""
+        if config not in ("phoenix", "kvikio"):
+            for task in tasks:
+                self._run_task(config, task, slot)
+            return
+        started, error = [], None
+        for task in tasks:
+            if task[0] == "to_ssd":
+                try:
+                    started.append(self._write_start(config, task))
+                except Exception as exc:  # the writes already started are waited for below
+                    error = error or exc
+                    break
+        for path, off, fu in started:  # every write waited for before any error is raised
+            try:
+                got = fu.get() if config == "kvikio" else fu.result()
+                if got != self.bb:
+                    raise OSError(5, f"{path}: short write {got} of {self.bb} at {off}")
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+        for task in tasks:
+            if task[0] == "h2dram":
+                self._run_task(config, task, slot)
+
+    def _write_start(self, config: str, task):
+        """One block's write to the SSD tier through phoenix or KvikIO: (path, offset, future)."""
+        c, bb = self.cache, self.bb
+        _, _key, (tier, sslot_src), sslot = task
+        path, off = self.slab.where(sslot)
+        if config == "phoenix":
+            ptr = c.dram_ptr(sslot_src) if tier == "dram" else c.hbm_ptr(sslot_src)
+            return path, off, self.slab.files[path].pwrite((ptr, bb), bb, off)
+        # KvikIO's pwrite from the pinned DRAM slot (or the HBM block)
+        from .kvikio_io import device_array, host_array
+
+        if tier == "dram":
+            buf = host_array(c.dram_ptr(sslot_src), bb)
+        else:
+            buf = device_array(c.hbm_ptr(sslot_src), bb, self.args.device, self)
+        return path, off, self.slab.files[path].pwrite(buf, bb, off)
+
     def _run_task(self, config: str, task, slot: int) -> None:
         c, bb = self.cache, self.bb
         if task[0] == "h2dram":
             _, _key, hslot, dslot = task
             self.rt.memcpy(c.dram_ptr(dslot), c.hbm_ptr(hslot), bb, CopyKind.DEVICE_TO_HOST)
-        elif task[0] == "to_ssd":
+        elif task[0] == "to_ssd":  # the staged loop's: one plain write after the other
             _, _key, (tier, sslot_src), sslot = task
             path, off = self.slab.where(sslot)
-            if config == "phoenix":
-                ptr = c.dram_ptr(sslot_src) if tier == "dram" else c.hbm_ptr(sslot_src)
-                got = self.slab.files[path].write((ptr, bb), bb, off)
-            elif config == "kvikio":  # KvikIO's pwrite from the pinned DRAM slot (or the HBM block)
-                from .kvikio_io import device_array, host_array
-
-                if tier == "dram":
-                    buf = host_array(c.dram_ptr(sslot_src), bb)
-                else:
-                    buf = device_array(c.hbm_ptr(sslot_src), bb, self.args.device, self)
-                got = self.slab.files[path].pwrite(buf, bb, off).get()
+            if tier == "dram":
+                ptr = c.dram_ptr(sslot_src)
             else:
-                if tier == "dram":
-                    ptr = c.dram_ptr(sslot_src)
-                else:
-                    ptr = self.staging[slot]
-                    self.rt.memcpy(ptr, c.hbm_ptr(sslot_src), bb, CopyKind.DEVICE_TO_HOST)
-                fd, _direct = self.slab.fds[path]
-                got = os.pwritev(fd, [host_view(ptr, bb)], off)
+                ptr = self.staging[slot]
+                self.rt.memcpy(ptr, c.hbm_ptr(sslot_src), bb, CopyKind.DEVICE_TO_HOST)
+            fd, _direct = self.slab.fds[path]
+            got = os.pwritev(fd, [host_view(ptr, bb)], off)
             if got != bb:
                 raise OSError(5, f"{path}: short write {got} of {bb} at {off}")
 

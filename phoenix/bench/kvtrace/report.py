@@ -120,6 +120,18 @@ def limits_text(records: list[dict]) -> str:
 # ---- table ---------------------------------------------------------------------------------------
 
 
+def round_phases(rec: dict) -> str:
+    """Where a point's mean TTFT went: room in HBM, demotions, loads (the linear layers
+    queued beside them), the rest (attention, the produced blocks), and the rate of a
+    round's loads while they ran."""
+    n, rounds = rec["counts"], max(1, rec["rounds"])
+    parts = [f"{k} {n.get(k + '_s', 0.0) / rounds:.3f} s" for k in ("wait", "demote", "load", "compute")]
+    loaded = n.get("bytes_loaded_dram", 0) + n.get("bytes_loaded_ssd", 0)
+    if n.get("load_s"):
+        parts.append(f"loads at {loaded / n['load_s'] / 1e9:.2f} GB/s in a round")
+    return ", ".join(parts)
+
+
 def tier_warnings(rec: dict) -> list[str]:
     """The tiers of ``rec``'s configuration it loaded nothing from: such a point does not
     measure that tier's path (the SSD one, for staged, kvikio and phoenix, is the point of the bench)."""

@@ -78,6 +78,11 @@ class Counts:
     linear_tflop: float = 0.0
     attention_tflop: float = 0.0
     hbm_waits: int = 0
+    # seconds of the rounds' TTFTs (summed): waiting for room in HBM, demotions, loads, the rest
+    wait_s: float = 0.0
+    demote_s: float = 0.0
+    load_s: float = 0.0
+    compute_s: float = 0.0
 
     def add(self, other: Counts) -> None:
         for k, v in asdict(other).items():
