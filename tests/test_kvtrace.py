@@ -94,6 +94,10 @@ def _check_accounting(rec):
     # the TTFT's phases add up to the TTFTs
     phases = [c[k] for k in ("wait_s", "demote_s", "load_s", "compute_s")]
     assert min(phases) >= 0 and sum(phases) == pytest.approx(rec["ttft_mean_s"] * rec["rounds"], rel=1e-6)
+    moved = c["bytes_loaded_dram"] + c["bytes_loaded_ssd"] + c["bytes_written_ssd"]
+    assert rec["cpu_s"] > 0 and (rec["cpu_s_per_gb"] is None) == (moved == 0)
+    if moved:
+        assert rec["cpu_s_per_gb"] == pytest.approx(rec["cpu_s"] / (moved / 1e9), rel=1e-9)
 
 
 def test_small_replay_accounting(rt, tmp_path):

@@ -62,6 +62,12 @@ def _dump_stuck(config: str, conc: int, alive, waited: float) -> None:
 __all__ = ["CONFIGS", "Replayer", "TooLarge"]
 
 
+def _cpu_s() -> float:
+    """CPU seconds (user + system) of this process so far, every thread's."""
+    t = os.times()
+    return t.user + t.system
+
+
 class TooLarge(Exception):
     """A round whose context no longer fits the HBM tier: its session ends there."""
 
@@ -206,7 +212,9 @@ class Replayer:
             try:
                 if self.poison_hook:
                     self.poison_hook(config, self)
+                cpu0 = _cpu_s()
                 elapsed, stopped_by = self._replay(config, conc)
+                self.cpu_s = _cpu_s() - cpu0
             finally:
                 t1 = time.perf_counter()
                 self.slab.close()
@@ -218,6 +226,13 @@ class Replayer:
         self.phase_s["record"] = time.perf_counter() - t2
         # where a point's wall time went besides its rounds (the log line says it)
         rec["phase_s"] = {k: round(v, 3) for k, v in self.phase_s.items()}
+        # the process's CPU seconds in the rounds (its engine's threads, KvikIO's pool, the
+        # sessions and the compute's launches; not the kernel's block-device threads)
+        moved = (
+            rec["counts"]["bytes_loaded_dram"] + rec["counts"]["bytes_loaded_ssd"] + rec["counts"]["bytes_written_ssd"]
+        )
+        rec["cpu_s"] = self.cpu_s
+        rec["cpu_s_per_gb"] = self.cpu_s / (moved / 1e9) if moved else None
         return rec
 
     def _engine(self, config: str):
