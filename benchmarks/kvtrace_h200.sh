@@ -17,8 +17,9 @@
 #   stripe: PHX_KV_STRIPES (4) such loop devices, the slab striped over them block by block
 #          (--fast-devices: the stand-in for a fast 4-drive array; one loop device's rate is
 #          bounded per device, 4 in parallel read ~3x one on the H200 machine; one 10-minute
-#          command, by the estimate below, fits PHX_KV_STRIPE_CONC=6,8,12,16,24 with
-#          PHX_KV_TIME_SCALE=0.05 PHX_KV_STAGE_TIMEOUT=530: not yet run there)
+#          command holds all four configurations at three concurrencies: PHX_KV_STRIPE_CONC=6,8,12
+#          PHX_KV_MAX_DURATION=45 PHX_KV_TIME_SCALE=0.05 took 445 s, the record
+#          benchmarks/results/2026-12-04-h200-kvtrace-stripe.json)
 #   tmpfs: /dev/shm itself: the slab is page cache (RAM-backed, faster than any drive)
 # Configurations: dram (evicted KV recomputed), staged (naive pread + synchronous copy), kvikio
 # (KvikIO compat mode, 16 threads, 4 MiB tasks, its opportunistic Direct I/O on: what a user picks
