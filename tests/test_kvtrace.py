@@ -303,3 +303,17 @@ def test_a_failed_demotion_write_is_raised_after_every_started_one_is_waited(kin
     started = [n for e, n in fake.log if e == "started"]
     assert started and all(("waited", n) in fake.log for n in started)  # none left in flight
     assert not any(e == "ran" for e, *_ in fake.log)  # no copy into a slot whose write failed
+
+
+def test_drop_cache_takes_every_file_and_names_what_it_could_not_drop(tmp_path):
+    from phoenix.bench.files import drop_cache
+
+    files = [tmp_path / f"f{i}" for i in range(3)]
+    data = [os.urandom(1 << 16) for _ in files]
+    for f, d in zip(files, data, strict=True):
+        f.write_bytes(d)
+    assert drop_cache(*map(str, files)).startswith("fadvise")
+    gone = [str(tmp_path / "gone1"), str(tmp_path / "gone2")]
+    how = drop_cache(str(files[0]), gone[0], str(files[1]), gone[1])
+    assert how.startswith("not dropped (") and gone[0] in how and how.endswith(" and 1 more")
+    assert [f.read_bytes() for f in files] == data  # evicted from the cache, not changed

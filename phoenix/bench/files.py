@@ -24,6 +24,7 @@ def drop_cache(*paths: str) -> str:
     if pio is not None:
         pio.fmap_wait(10)  # registrations under way finish (or they would pin pages after the drop)
         pio.fmap_clear()
+    failed = []  # every file is tried; the first failure is what the record says
     for path in paths:
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -33,7 +34,9 @@ def drop_cache(*paths: str) -> str:
             finally:
                 os.close(fd)
         except OSError as exc:
-            return f"not dropped ({exc})"
+            failed.append(exc)
+    if failed:
+        return f"not dropped ({failed[0]})" + (f" and {len(failed) - 1} more" if len(failed) > 1 else "")
     how = "fadvise"
     try:
         with open("/proc/sys/vm/drop_caches", "w") as fh:
