@@ -28,7 +28,11 @@ Tiers (blocks of ``--block-tokens`` tokens; LRU in each tier; lower tiers are in
   the context after they land (as an engine overlaps layer-wise loading).
 * new KV is produced in HBM; a block evicted from HBM is copied to DRAM (unless already
   there), one evicted from DRAM is written to the SSD slab (``dram``: dropped, recomputed when
-  needed again). Demotion runs on the path of the round that needs the space.
+  needed again). Demotion runs on the path of the round that needs the space; phoenix and
+  KvikIO start a round's writes together, and with ``--write-behind N`` (default 8) keep the N
+  least recently used DRAM blocks written to the SSD tier ahead of their eviction in a writer
+  thread (phoenix at ``priority="background"``; ``behind``), as an engine that offloads
+  asynchronously does. The staged loop writes on eviction, one block after the other.
 
 A point (configuration, concurrency) runs ``--duration`` seconds and, with ``--min-samples N``,
 until it has N TTFTs (at most ``--max-duration``); its p99 TTFT comes with a percentile-bootstrap

@@ -209,6 +209,16 @@ def add_parser(sub) -> None:
         "unbounded RAM tier the other configurations do not have)",
     )
     p.add_argument(
+        "--write-behind",
+        type=nonnegative_int,
+        default=8,
+        metavar="BLOCKS",
+        help="phoenix and kvikio keep the BLOCKS least recently used DRAM blocks written to the SSD tier ahead of "
+        "their eviction, in a writer thread (phoenix's writes at priority background), as an engine that offloads "
+        "asynchronously does; a round that needs a DRAM slot then finds a clean one. The staged loop writes on "
+        "eviction, in the round. 0: every configuration writes on eviction (default 8)",
+    )
+    p.add_argument(
         "--prefill-chunk", type=positive_int, default=4096, help="chunked prefill: tokens per chunk (default 4096)"
     )
     p.add_argument(
@@ -299,6 +309,7 @@ def _meta(args, rp, stats, note: str) -> dict:
         "kvikio_threads": args.kvikio_threads,
         "kvikio_task": args.kvikio_task,
         "kvikio_direct": args.kvikio_direct,
+        "write_behind": args.write_behind,
         "warm_start": args.warm_start,
         "trace": args.trace or f"generated seed {args.seed}",
         "trace_stats": stats,

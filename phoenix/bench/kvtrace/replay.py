@@ -27,6 +27,8 @@ import phoenix.settings
 from phoenix.vendor import CopyKind
 
 from ..files import drop_cache
+from .behind import ENGINES as behind_engines
+from .behind import WriteBehind
 from .compute import Geometry, block_key, make_backend
 from .report import CONFIGS, bootstrap_ci, pct
 from .tiers import Counts, KVCache, Slab, host_view
@@ -319,6 +321,10 @@ class Replayer:
                 self.rt.stream_destroy(copy_stream)
 
         threads = [threading.Thread(target=worker, args=(i, states[i]), name=f"kv-session-{i}") for i in range(conc)]
+        depth = getattr(args, "write_behind", 0)
+        behind = WriteBehind(self, config, depth) if depth and config in behind_engines else None
+        if behind is not None:
+            behind.start()
         for t in threads:
             t.start()
         stopped_by = None
@@ -348,6 +354,8 @@ class Replayer:
                 _dump_stuck(config, conc, alive, DRAIN_WARN_S)
             for t in alive:
                 t.join()
+            if behind is not None:  # after the sessions: its writes are the point's too
+                self.point_counts.add(behind.stop())
         return time.perf_counter() - t_start, stopped_by or "trace_end"
 
     def _warm(self, states) -> None:
@@ -615,14 +623,15 @@ class Replayer:
             if task[0] == "h2dram":
                 self._run_task(config, task, slot)
 
-    def _write_start(self, config: str, task):
-        """One block's write to the SSD tier through phoenix or KvikIO: (path, offset, future)."""
+    def _write_start(self, config: str, task, priority: str = "normal"):
+        """One block's write to the SSD tier through phoenix (at ``priority``) or KvikIO
+        (which has none): (path, offset, future)."""
         c, bb = self.cache, self.bb
         _, _key, (tier, sslot_src), sslot = task
         path, off = self.slab.where(sslot)
         if config == "phoenix":
             ptr = c.dram_ptr(sslot_src) if tier == "dram" else c.hbm_ptr(sslot_src)
-            return path, off, self.slab.files[path].pwrite((ptr, bb), bb, off)
+            return path, off, self.slab.files[path].pwrite((ptr, bb), bb, off, priority=priority)
         # KvikIO's pwrite from the pinned DRAM slot (or the HBM block)
         from .kvikio_io import device_array, host_array
 

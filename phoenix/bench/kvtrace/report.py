@@ -129,6 +129,8 @@ def round_phases(rec: dict) -> str:
     loaded = n.get("bytes_loaded_dram", 0) + n.get("bytes_loaded_ssd", 0)
     if n.get("load_s"):
         parts.append(f"loads at {loaded / n['load_s'] / 1e9:.2f} GB/s in a round")
+    if n.get("written_to_ssd"):
+        parts.append(f"{n.get('written_behind', 0)} of {n['written_to_ssd']} SSD writes ahead of eviction")
     if rec.get("cpu_s_per_gb") is not None:
         parts.append(f"CPU {rec['cpu_s']:.1f} s ({rec['cpu_s_per_gb']:.3f} s per GB loaded or written)")
     return ", ".join(parts)

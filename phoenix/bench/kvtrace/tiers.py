@@ -71,6 +71,7 @@ class Counts:
     blocks_produced: int = 0
     demoted_to_dram: int = 0
     written_to_ssd: int = 0
+    written_behind: int = 0  # of those, written ahead of eviction (--write-behind)
     bytes_written_ssd: int = 0
     dropped: int = 0
     prefill_tokens: int = 0
