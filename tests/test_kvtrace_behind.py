@@ -42,10 +42,14 @@ class _Rp:
     batch=st.integers(1, 5),
     ssd_free=st.integers(0, 6),
     marks=st.lists(st.sampled_from(["plain", "pinned", "on_ssd", "transit", "writing"]), min_size=12, max_size=12),
+    ssd_pins=st.lists(st.booleans(), min_size=8, max_size=8),
 )
-def test_pick_matches_the_reference_model(n, depth, batch, ssd_free, marks):
+def test_pick_matches_the_reference_model(n, depth, batch, ssd_free, marks, ssd_pins):
     c = _Cache(16, 8)
     wb = WriteBehind(_Rp(c), "phoenix", depth, batch)
+    hist = [("hist", 0), ("hist", 1)]  # the history's reserved slots, at the SSD tier's LRU head
+    for slot, k in enumerate(hist):
+        c.ssd.put(k, slot)
     keys = [("k", i) for i in range(n)]
     for i, k in enumerate(keys):
         slot, _ = c.dram.take()
@@ -63,30 +67,35 @@ def test_pick_matches_the_reference_model(n, depth, batch, ssd_free, marks):
             break
         c.ssd.put(k, slot)
     on_ssd = [k for k in on_ssd if k in c.ssd.lru]
-    while len(c.ssd.free) > ssd_free:  # the rest of the SSD tier's slots hold other blocks
-        c.ssd.put(("other", len(c.ssd.lru)), c.ssd.free.pop())
+    while len(c.ssd.free) > ssd_free:  # the rest of the SSD tier's slots hold other blocks, some pinned (loading)
+        k = ("other", len(c.ssd.lru))
+        c.ssd.put(k, c.ssd.free.pop())
+        if ssd_pins[len(c.ssd.lru) % 8]:
+            c.ssd.pins[k] += 1
     ssd_before = dict(c.ssd.lru)
+    ssd_pinned = {k for k in ssd_before if c.ssd.pins[k]}
     free_before = list(c.ssd.free)
     pins_before = dict(c.dram.pins)
 
     got = wb.pick()
 
     # the reference, step by step: in LRU order within the first `depth`, the blocks that need
-    # a write (not on the SSD tier at that moment, not pinned, in transit or being written), up to
-    # `batch`, while the SSD tier yields a slot: a free one (the list's end first), else its LRU
-    # block's, which leaves the SSD tier (a DRAM block's copy too: it then needs a write again)
+    # a write (not on the SSD tier, not pinned, in transit or being written), up to `batch`,
+    # while the SSD tier yields a slot: a free one (the list's end first), else the slot of its
+    # least recently used block that is not history, not pinned and not also in DRAM
     free, lru, want = list(free_before), list(ssd_before.items()), []
     for i, k in enumerate(keys):
         if i >= depth or len(want) >= batch:
             break
-        if any(k == key for key, _ in lru) or marks[i] in ("pinned", "transit", "writing"):
+        if k in on_ssd or marks[i] in ("pinned", "transit", "writing"):
             continue
         if free:
             free.pop()
-        elif lru:
-            lru.pop(0)
         else:
-            break
+            out = [j for j, (key, slot) in enumerate(lru) if slot >= 2 and key not in ssd_pinned and key not in keys]
+            if not out:
+                break
+            lru.pop(out[0])
         want.append(k)
     assert [k for k, _d, _s in got] == want
     slots = [s for _k, _d, s in got]
@@ -95,6 +104,7 @@ def test_pick_matches_the_reference_model(n, depth, batch, ssd_free, marks):
     assert [d for _k, d, _s in got] == [c.dram.lru[k] for k in want]
     for k in want:
         assert c.dram.pins[k] == pins_before.get(k, 0) + 1 and k in wb.writing
+    assert all(k in c.ssd.lru for k in hist + on_ssd) and ssd_pinned <= set(c.ssd.lru)  # none of these evicted
 
 
 def test_a_failed_write_behind_aborts_the_point_and_gives_the_slot_back(tmp_path):
@@ -157,3 +167,19 @@ def test_write_behind_refuses_a_negative_depth(tmp_path, capsys):
     with pytest.raises(SystemExit):
         _args(tmp_path, "--write-behind", "-1")
     assert "--write-behind" in capsys.readouterr().err
+
+
+def test_an_error_in_the_writer_itself_fails_the_point():
+    c = _Cache(4, 4)
+    rp = _Rp(c)
+    wb = WriteBehind(rp, "kvikio", depth=2)
+
+    def broken():
+        raise KeyError("index out of step")
+
+    wb.pick = broken
+    wb.start()
+    wb._thread.join(5)
+    assert not wb._thread.is_alive()
+    assert rp.abort and rp.errors == ["write-behind (kvikio): KeyError: 'index out of step'"]
+    assert wb.stop().written_behind == 0

@@ -35,9 +35,13 @@ def drop_cache(*paths: str) -> str:
                 os.close(fd)
         except OSError as exc:
             failed.append(exc)
-    if failed:
-        return f"not dropped ({failed[0]})" + (f" and {len(failed) - 1} more" if len(failed) > 1 else "")
     how = "fadvise"
+    if failed:  # the others are still dropped, below
+        how = (
+            f"not dropped ({failed[0]})"
+            + (f" and {len(failed) - 1} more" if len(failed) > 1 else "")
+            + "; others fadvise"
+        )
     try:
         with open("/proc/sys/vm/drop_caches", "w") as fh:
             fh.write("1\n")

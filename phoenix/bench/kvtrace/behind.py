@@ -47,8 +47,9 @@ class WriteBehind:
 
     def pick(self) -> list:
         """Under the lock: up to ``batch`` of the ``depth`` least recently used DRAM blocks not
-        yet on the SSD tier and not pinned, each with an SSD slot taken for it (the SSD
-        tier's LRU block, if no slot is free, drops out as a demotion's write drops it)."""
+        yet on the SSD tier and not pinned, each with an SSD slot taken for it (if none is free,
+        the SSD tier's least recently used block not also in DRAM drops out, as a
+        demotion's write drops one)."""
         c = self.rp.cache
         out = []
         for i, (key, dslot) in enumerate(c.dram.lru.items()):
@@ -56,7 +57,8 @@ class WriteBehind:
                 break
             if key in c.ssd.lru or c.dram.pins[key] or key in c.transit or key in self.writing:
                 continue
-            sslot, _victim = c.ssd.take()
+            # not the SSD copy of a DRAM block: it would only need writing again
+            sslot, _victim = c.ssd.take(exclude=c.dram.lru)
             if sslot is None:
                 break
             c.dram.pins[key] += 1
@@ -65,6 +67,16 @@ class WriteBehind:
         return out
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as exc:  # the point fails with it, not without its write-behind
+            rp = self.rp
+            with rp.cache.cond:
+                rp.errors.append(f"write-behind ({self.config}): {type(exc).__name__}: {exc}")
+                rp.abort = True
+                rp.cache.cond.notify_all()
+
+    def _loop(self) -> None:
         rp, c = self.rp, self.rp.cache
         while True:
             with c.cond:

@@ -14,8 +14,9 @@ data path, in KvikIO's own thread pool. What a KvikIO user does today, with its 
   of the HBM block (``cupy.cuda.UnownedMemory`` + ``MemoryPointer`` + ``ndarray``: no copy,
   no allocation), the future waited before attention, as for phoenix;
 * a write of a block evicted from DRAM: ``CuFile.pwrite`` from a NumPy view of the pinned
-  DRAM slot (KvikIO takes host memory and writes it with POSIX ``pwrite``), waited at once
-  as the staged loop's write is; one evicted straight from HBM (DRAM full of pinned loads):
+  DRAM slot (KvikIO takes host memory and writes it with POSIX ``pwrite``): a round's writes
+  started together and waited for before its copies into DRAM, as phoenix's, and the
+  write-behind's in its thread (``behind``); one evicted straight from HBM (DRAM full of pinned loads):
   ``pwrite`` from a CuPy view of the device block (KvikIO bounces it through its own buffer).
 
 With ``--kvikio-direct off`` KvikIO reads and writes through the page cache (each point

@@ -214,9 +214,7 @@ class Replayer:
             try:
                 if self.poison_hook:
                     self.poison_hook(config, self)
-                cpu0 = _cpu_s()
                 elapsed, stopped_by = self._replay(config, conc)
-                self.cpu_s = _cpu_s() - cpu0
             finally:
                 t1 = time.perf_counter()
                 self.slab.close()
@@ -323,8 +321,18 @@ class Replayer:
         threads = [threading.Thread(target=worker, args=(i, states[i]), name=f"kv-session-{i}") for i in range(conc)]
         depth = getattr(args, "write_behind", 0)
         behind = WriteBehind(self, config, depth) if depth and config in behind_engines else None
-        if behind is not None:
-            behind.start()
+        cpu0 = _cpu_s()  # the rounds' CPU (and the writer's), not the warm-up's
+        try:
+            if behind is not None:
+                behind.start()
+            return self._sessions(threads, stop, stop_reason, config, conc, t_start)
+        finally:
+            if behind is not None:  # after the sessions (or on any error): its writes are the point's too
+                self.point_counts.add(behind.stop())
+            self.cpu_s = _cpu_s() - cpu0
+
+    def _sessions(self, threads, stop, stop_reason, config: str, conc: int, t_start: float) -> tuple[float, str]:
+        """Start the sessions' threads, watch the point's stop condition, wait for them all."""
         for t in threads:
             t.start()
         stopped_by = None
@@ -354,8 +362,6 @@ class Replayer:
                 _dump_stuck(config, conc, alive, DRAIN_WARN_S)
             for t in alive:
                 t.join()
-            if behind is not None:  # after the sessions: its writes are the point's too
-                self.point_counts.add(behind.stop())
         return time.perf_counter() - t_start, stopped_by or "trace_end"
 
     def _warm(self, states) -> None:
@@ -595,9 +601,13 @@ class Replayer:
     def _run_tasks(self, config: str, tasks: list, slot: int) -> None:
         """A round's demotions. phoenix and KvikIO write the blocks leaving DRAM (or HBM)
         for the SSD tier all at once, as their engines' futures allow, then copy the HBM
-        victims into the DRAM slots those writes freed; the staged loop does one after the
-        other. A DRAM slot taken in this round is not in the LRU until its task finishes,
-        so no write of this round reads a slot one of its copies fills."""
+        victims into DRAM; the staged loop does one after the other. The reorder is safe:
+        a write and a copy share a slot only where ``_demote`` paired them (the write of the
+        DRAM victim reads the slot its copy then fills), and every write is waited for,
+        on error too, before any copy starts; the slots this round took are distinct and
+        out of the free lists and LRUs until ``_finish_task``, so no other round and no
+        write-behind reads or refills them; a write from HBM reads a slot no copy fills
+        and the loads into it come after."""
         if config not in ("phoenix", "kvikio"):
             for task in tasks:
                 self._run_task(config, task, slot)
