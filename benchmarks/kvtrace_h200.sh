@@ -25,6 +25,8 @@
 # (KvikIO compat mode, 16 threads, 4 MiB tasks, its opportunistic Direct I/O on: what a user picks
 # today for a tier larger than RAM; PHX_KV_KVIKIO_DIRECT=off reads through the page cache, which
 # here holds the whole slab: a RAM tier the others lack), phoenix (PHX_INFLIGHT 16M on the loop tier).
+# phoenix and kvikio write the 8 least recently used DRAM blocks to the SSD tier ahead of their
+# eviction (PHX_KV_WRITE_BEHIND, --write-behind; 0: on eviction, in the round, as the records before 5a95950).
 #
 # Model geometry: Llama-3-8B-like (32 layers, 8 KV heads, head dim 128, fp16: 128 KiB/token),
 # blocks of 256 tokens (32 MiB). HBM 6 GiB for KV, DRAM 4 GiB pinned, SSD tier 12 GiB of demoted
@@ -76,7 +78,7 @@ COMMON=(--layers 32 --kv-heads 8 --head-dim 128 --q-heads 32 --ffn 14336 --dtype
         --sessions 64 --seed 0 --token-scale "${PHX_KV_TOKEN_SCALE:-0.25}" --time-scale "${PHX_KV_TIME_SCALE:-0.1}"
         --warm-start 0.4 --threshold 5 --prefill-chunk 4096
         --configs "${PHX_KV_CONFIGS:-dram,staged,kvikio,phoenix}" --kvikio-threads 16 --kvikio-task 4M
-        --kvikio-direct "${PHX_KV_KVIKIO_DIRECT:-on}"
+        --kvikio-direct "${PHX_KV_KVIKIO_DIRECT:-on}" --write-behind "${PHX_KV_WRITE_BEHIND:-8}"
         --duration "${PHX_KV_DURATION:-5}" --min-samples "${PHX_KV_MIN_SAMPLES:-200}"
         --max-duration "${PHX_KV_MAX_DURATION:-40}" --stop-over "${PHX_KV_STOP_OVER:-3}")
 
