@@ -183,3 +183,37 @@ def test_an_error_in_the_writer_itself_fails_the_point():
     assert not wb._thread.is_alive()
     assert rp.abort and rp.errors == ["write-behind (kvikio): KeyError: 'index out of step'"]
     assert wb.stop().written_behind == 0
+
+
+def test_a_failed_demotion_records_nothing_and_aborts_at_once(rt, tmp_path):
+    """A round whose demotion write fails: its blocks are not recorded in the slots it was
+    writing or copying to, the slots are free again, and the point is aborted in the same step."""
+    args = _args(tmp_path, "--configs", "phoenix", "--concurrency", "4", "--write-behind", "0")
+    rp = kvtrace.Replayer(args, kvtrace.generate(args.sessions, args.seed), log=lambda *a: None)
+    seen = []
+    real = rp._settle
+
+    def settle(tasks, done):
+        if not done:
+            before = {t[1]: (t[0], t[3]) for t in tasks if t[0] in ("h2dram", "to_ssd")}
+            real(tasks, done)
+            c = rp.cache
+            for key, (kind, slot) in before.items():
+                tier = c.dram if kind == "h2dram" else c.ssd
+                seen.append((key not in tier.lru, slot in tier.free, key not in c.transit, rp.abort))
+        else:
+            real(tasks, done)
+
+    rp._settle = settle
+
+    def failing_write(config, task, priority="normal"):
+        raise OSError(28, "No space left on device")
+
+    rp._write_start = failing_write
+    try:
+        rp.prepare()
+        with pytest.raises(RuntimeError, match="No space left on device"):
+            rp.run_point("phoenix", 4)
+    finally:
+        rp.close()
+    assert seen and all(all(x) for x in seen)

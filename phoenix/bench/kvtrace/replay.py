@@ -450,14 +450,13 @@ class Replayer:
                 dst[b] = s
                 if victim is not None:
                     tasks += self._demote(victim, s, n)
+        done = False
         try:
             # data moves outside the lock: demotions first (they free the slots), then loads
             self._run_tasks(config, tasks, slot)
+            done = True
         finally:
-            with c.cond:
-                for task in tasks:
-                    self._finish_task(task)
-                c.cond.notify_all()
+            self._settle(tasks, done)
         t_demoted = time.perf_counter()
         if args.verify and loads:
             for b, _ in loads:
@@ -668,6 +667,26 @@ class Replayer:
             got = os.pwritev(fd, [host_view(ptr, bb)], off)
             if got != bb:
                 raise OSError(5, f"{path}: short write {got} of {bb} at {off}")
+
+    def _settle(self, tasks: list, done: bool) -> None:
+        """A round's demotions, in the index: each block in the slot it was copied or written
+        to; or, when one of them failed (the point then fails), none recorded, their slots
+        free again and the point aborted in the same step, so nothing (no round, no
+        write-behind) takes a slot whose content is unknown for a block's copy."""
+        c = self.cache
+        with c.cond:
+            for task in tasks:
+                if done:
+                    self._finish_task(task)
+                else:
+                    if task[0] == "h2dram":
+                        c.dram.free.append(task[3])
+                    elif task[0] == "to_ssd":
+                        c.ssd.free.append(task[3])
+                    c.transit.discard(task[1])
+            if not done:
+                self.abort = True
+            c.cond.notify_all()
 
     def _finish_task(self, task) -> None:
         c = self.cache
