@@ -390,10 +390,6 @@ static void reap(struct io_worker *w)
     w->in_reap = 0;
 }
 
-/* Launch the pending copies' callback now (io_uring loop)? Yes when nothing the worker has
- * in the kernel would wake it, when bounce slots are awaited (the callback frees them), on
- * stop, or IO_FLUSH_NS after the oldest copy was queued; else *wait_ns is how long it may
- * still wait (the worker's sleep ends by then). */
 /* Does anyone wait for a bounce slot (this worker's parked chunks, other workers, callers)?
  * Then copies whose completion frees slots are not left waiting. */
 static int slots_awaited(struct io_worker *w)
@@ -402,6 +398,10 @@ static int slots_awaited(struct io_worker *w)
     return w->nparked || atomic_load(&p->worker_waiters) || __atomic_load_n(&p->cond_waiters, __ATOMIC_RELAXED);
 }
 
+/* Launch the pending copies' callback now (io_uring loop)? Yes when nothing the worker has
+ * in the kernel would wake it, when bounce slots are awaited (the callback frees them), on
+ * stop, or IO_FLUSH_NS after the oldest copy was queued; else *wait_ns is how long it may
+ * still wait (the worker's sleep ends by then). */
 static int flush_due(struct io_worker *w, int64_t *wait_ns)
 {
     *wait_ns = 0;
