@@ -245,14 +245,16 @@ class _Future:
 
 
 class _Tasks:
-    """What ``Replayer._run_tasks`` uses of its replayer, recording the order of events."""
+    """What ``Replayer._run_tasks`` uses of its replayer (the real ``_write_blocks``),
+    recording the order of events."""
 
     bb = 4096
+    _write_blocks = kvtrace.Replayer._write_blocks
 
     def __init__(self, fail_start=None, fail_wait=None, short=None):
         self.log, self.fail_start, self.fail_wait, self.short = [], fail_start, fail_wait, short
 
-    def _write_start(self, config, task):
+    def _write_start(self, config, task, priority="normal"):
         name = task[1]
         if name == self.fail_start:
             raise OSError(28, f"{name}: no space")

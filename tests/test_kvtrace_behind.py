@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from phoenix.bench import kvtrace
 from phoenix.bench.kvtrace.behind import WriteBehind
+from phoenix.bench.kvtrace.replay import Replayer
 from phoenix.bench.kvtrace.tiers import Tier
 
 
@@ -31,6 +32,8 @@ class _Cache:
 
 
 class _Rp:
+    _write_blocks = Replayer._write_blocks  # the replayer's own: the fakes' _write_start under it
+
     def __init__(self, cache):
         self.cache, self.bb, self.abort, self.errors = cache, 4096, False, []
 

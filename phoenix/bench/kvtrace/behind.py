@@ -107,23 +107,10 @@ class WriteBehind:
                 return
 
     def _write(self, batch) -> Exception | None:
-        """The batch's writes started together, every one waited for; the first error, if any."""
-        rp, bb = self.rp, self.rp.bb
-        started, error = [], None
-        for key, dslot, sslot in batch:
-            try:
-                started.append(rp._write_start(self.config, ("to_ssd", key, ("dram", dslot), sslot), "background"))
-            except Exception as exc:
-                error = exc
-                break
-        for path, off, fu in started:
-            try:
-                got = fu.get() if self.config == "kvikio" else fu.result()
-                if got != bb:
-                    raise OSError(5, f"{path}: short write {got} of {bb} at {off}")
-                self.counts.written_to_ssd += 1
-                self.counts.written_behind += 1
-                self.counts.bytes_written_ssd += bb
-            except Exception as exc:
-                error = error or exc
+        """The batch's writes, started together and every one waited for; the first error, if any."""
+        tasks = [("to_ssd", key, ("dram", dslot), sslot) for key, dslot, sslot in batch]
+        written, error = self.rp._write_blocks(self.config, tasks, "background")
+        self.counts.written_to_ssd += written
+        self.counts.written_behind += written
+        self.counts.bytes_written_ssd += written * self.rp.bb
         return error

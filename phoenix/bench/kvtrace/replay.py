@@ -70,6 +70,11 @@ def _cpu_s() -> float:
     return t.user + t.system
 
 
+def _done(config: str, fu) -> int:
+    """The byte count of an engine's future: KvikIO's ``get()``, phoenix's ``result()``."""
+    return fu.get() if config == "kvikio" else fu.result()
+
+
 class TooLarge(Exception):
     """A round whose context no longer fits the HBM tier: its session ends there."""
 
@@ -492,7 +497,7 @@ class Replayer:
                     raise OSError(5, f"{path}: short read, {got} of {bb} bytes at {off}")
                 self.rt.memcpy(c.hbm_ptr(dst[b]), self.staging[slot], bb, CopyKind.HOST_TO_DEVICE)
         for path, off, fu in futs:
-            got = fu.get() if config == "kvikio" else fu.result()
+            got = _done(config, fu)
             if got != bb:
                 raise OSError(5, f"{path}: short read, {got} of {bb} bytes at {off}")
         if dram_loads:
@@ -611,26 +616,33 @@ class Replayer:
             for task in tasks:
                 self._run_task(config, task, slot)
             return
-        started, error = [], None
-        for task in tasks:
-            if task[0] == "to_ssd":
-                try:
-                    started.append(self._write_start(config, task))
-                except Exception as exc:  # the writes already started are waited for below
-                    error = error or exc
-                    break
-        for path, off, fu in started:  # every write waited for before any error is raised
-            try:
-                got = fu.get() if config == "kvikio" else fu.result()
-                if got != self.bb:
-                    raise OSError(5, f"{path}: short write {got} of {self.bb} at {off}")
-            except Exception as exc:
-                error = error or exc
+        _written, error = self._write_blocks(config, [t for t in tasks if t[0] == "to_ssd"])
         if error is not None:
             raise error
         for task in tasks:
             if task[0] == "h2dram":
                 self._run_task(config, task, slot)
+
+    def _write_blocks(self, config: str, tasks: list, priority: str = "normal") -> tuple[int, Exception | None]:
+        """``to_ssd`` tasks' writes through phoenix or KvikIO, started together, every one
+        waited for (on error too: no buffer is reused under a write): how many landed whole,
+        and the first error (a start refused, a failed or short write), if any."""
+        started, error, written = [], None, 0
+        for task in tasks:
+            try:
+                started.append(self._write_start(config, task, priority))
+            except Exception as exc:  # the writes already started are waited for below
+                error = exc
+                break
+        for path, off, fu in started:
+            try:
+                got = _done(config, fu)
+                if got != self.bb:
+                    raise OSError(5, f"{path}: short write {got} of {self.bb} at {off}")
+                written += 1
+            except Exception as exc:
+                error = error or exc
+        return written, error
 
     def _write_start(self, config: str, task, priority: str = "normal"):
         """One block's write to the SSD tier through phoenix (at ``priority``) or KvikIO
