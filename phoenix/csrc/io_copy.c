@@ -16,6 +16,9 @@
  * records an event after a batch of read copies or a write's copy and queries it between
  * I/Os (poll_copies); its wait in the ring is then bounded (poll_ns). A callback costs
  * the runtime's callback thread tens of microseconds; a record and a few queries, a few.
+ * Each wakeup to query costs the worker a ring enter and a timer: the worker predicts a
+ * batch's completion from its bytes and the time per byte the copies took so far
+ * (io_copy_est.h) and sleeps until then, not in steps doubled from IO_POLL_NS.
  */
 #include "io_fmap.h"
 #include "io_order.h"
@@ -84,6 +87,7 @@ void done_init(struct io_worker *w)
 {
     w->done_head = w->done_tail = w->done_free = NULL;
     w->done_writes = 0;
+    w->est = (struct copy_est){0};
     for (int i = IO_DONE_EVENTS - 1; i >= 0; i--) {
         w->done[i].ev = NULL;
         w->done[i].dev = -1;
@@ -106,7 +110,8 @@ void done_fini(struct io_worker *w)
 /* Record an event after the copies just queued on `stream` (device dev, the current one)
  * and keep the batch to poll. 0, or -1 (no free entry, or the runtime refused: the caller
  * launches a callback instead). */
-static int done_queue(struct io_worker *w, int dev, void *stream, int write, struct io_chunk *chunks)
+static int done_queue(struct io_worker *w, int dev, void *stream, int write, struct io_chunk *chunks,
+                      uint64_t bytes)
 {
     const struct phx_dp_table *dp = &w->ctx->dp;
     if (w->cur_dev != dev) /* set_device refused: an event made now would be another device's */
@@ -134,6 +139,9 @@ static int done_queue(struct io_worker *w, int dev, void *stream, int write, str
         return -1;
     *pp = e->next;
     e->write = write;
+    e->bytes = bytes;
+    e->queued_ns = io_now_ns();
+    e->probe = copy_est_queued(&w->est);
     e->chunks = chunks;
     e->next = NULL;
     if (w->done_tail)
@@ -146,11 +154,18 @@ static int done_queue(struct io_worker *w, int dev, void *stream, int write, str
     return 0;
 }
 
+int64_t copy_due_ns(const struct io_worker *w, int64_t now)
+{
+    const struct io_done *e = w->done_head;
+    return e ? copy_est_due(&w->est, e->bytes, e->queued_ns, e->probe, now) : 0;
+}
+
 int poll_copies(struct io_worker *w)
 {
     const struct phx_dp_table *dp = &w->ctx->dp;
     struct io_done **pp = &w->done_head, *prev = NULL;
     int n = 0;
+    int64_t now = w->done_head ? io_now_ns() : 0;
     while (*pp) {
         struct io_done *e = *pp;
         int q = dp->event_query(e->ev);
@@ -165,6 +180,7 @@ int poll_copies(struct io_worker *w)
                 w->cur_dev = e->dev;
             err = dp->stream_synchronize(w->streams[e->dev]) != dp->success;
         }
+        copy_est_seen(&w->est, e->bytes, e->queued_ns, now, !n);
         *pp = e->next;
         if (w->done_tail == e)
             w->done_tail = prev;
@@ -201,13 +217,14 @@ void flush_copies(struct io_worker *w)
         struct io_chunk *list = w->copied[d];
         if (!list)
             continue;
+        uint64_t bytes = w->copied_bytes[d];
         w->copied[d] = NULL;
         w->copied_bytes[d] = 0;
         void *stream = w->streams[d];
         if (w->cur_dev != d && dp->set_device(d) == dp->success)
             w->cur_dev = d;
         STAT_ADD(copy_flushes, 1);
-        if (w->poll && done_queue(w, d, stream, 0, list) == 0)
+        if (w->poll && done_queue(w, d, stream, 0, list, bytes) == 0)
             continue;
         if (dp->launch_host_func(stream, cb_read_copied_list, list) != dp->success)
             reads_copied(list, dp->stream_synchronize(stream) != dp->success);
@@ -252,7 +269,7 @@ int dev_copy_to_slot(struct io_worker *w, struct io_chunk *ch)
     void *stream = queue_dev_copy(w, ch, 0);
     if (!stream)
         return -EIO;
-    if (w->poll && done_queue(w, ch->req->device, stream, 1, ch) == 0)
+    if (w->poll && done_queue(w, ch->req->device, stream, 1, ch, ch->len) == 0)
         return 0; /* poll_copies issues the write */
     if (dp->launch_host_func(stream, cb_write_filled, ch) != dp->success)
         return dp->stream_synchronize(stream) == dp->success ? 1 : -EIO;

@@ -416,17 +416,19 @@ static int flush_due(struct io_worker *w, int64_t *wait_ns)
     return 0;
 }
 
-/* The bound of a polling worker's wait (0: none): poll_ns; or, with file I/O in flight, only
- * reads' copies pending and no one waiting for bounce slots (their completion frees some),
- * IO_POLL_MAX_NS, a backstop: the file I/O's completions wake the worker (fewer wakeups of
- * many workers, which a device served by the CPU feels). */
+/* The bound of a polling worker's wait (0: none): until the oldest batch's predicted
+ * completion (copy_due_ns), then poll_ns; or, with file I/O in flight, only reads' copies
+ * pending and no one waiting for bounce slots (their completion frees some), the later of
+ * that and IO_POLL_MAX_NS, a backstop: the file I/O's completions wake the worker (fewer
+ * wakeups of many workers, which a device served by the CPU feels). */
 static int64_t poll_bound(struct io_worker *w)
 {
     if (!w->done_head)
         return 0;
+    int64_t due = copy_due_ns(w, io_now_ns());
     if (w->ring_inflight && !w->done_writes && !slots_awaited(w))
-        return IO_POLL_MAX_NS;
-    return w->poll_ns;
+        return due > IO_POLL_MAX_NS ? due : IO_POLL_MAX_NS;
+    return due ? due : w->poll_ns;
 }
 
 static void worker_loop_ring(struct io_worker *w)

@@ -10,6 +10,7 @@
 #define PHX_IO_WORKER_H
 
 #include "io_common.h"
+#include "io_copy_est.h"
 #include "io_ctx.h"
 #include "io_req.h"
 #include "io_ring.h"
@@ -24,6 +25,9 @@ struct io_done {
     void *ev;
     int dev;       /* where ev was created (-1: none yet) */
     int write;
+    int probe;         /* also looked at before its predicted end (io_copy_est.h) */
+    uint64_t bytes;    /* the batch's bytes, and when its event was recorded: */
+    int64_t queued_ns; /* its end is predicted from them (copy_due_ns) */
     struct io_chunk *chunks;
     struct io_done *next;
 };
@@ -69,6 +73,7 @@ struct io_worker {
     int poll;
     int64_t poll_ns; /* the next wait's bound while batches are polled */
     int done_writes; /* ... of which writes (their file I/O waits for the poll) */
+    struct copy_est est; /* when the oldest batch is predicted done (copy_due_ns) */
     struct io_done done[IO_DONE_EVENTS];
     struct io_done *done_head, *done_tail, *done_free;
     uint64_t fence_waited[IO_MAX_DEVICES]; /* id of the fence streams[d] last waited for */
@@ -106,6 +111,9 @@ void run_copies(struct io_worker *w);
 void flush_copies(struct io_worker *w);
 /* Polling: finish the batches whose copies are done; how many. */
 int poll_copies(struct io_worker *w);
+/* Polling: how long the worker may sleep before it looks at its oldest batch again (its
+ * predicted completion; 0: no prediction, poll_ns decides). */
+int64_t copy_due_ns(const struct io_worker *w, int64_t now);
 /* Polling: set up the worker's entries (at its start) / destroy their events (at its end). */
 void done_init(struct io_worker *w);
 void done_fini(struct io_worker *w);

@@ -35,6 +35,7 @@ static uint64_t g_next_stream_id = HANDLE_BASE;
 static void *stream_worker(void *arg)
 {
     struct stream *s = arg;
+    pthread_setname_np(pthread_self(), "hostrt-stream"); /* not its creator's name (phx-io) */
     pthread_mutex_lock(&s->mu);
     for (;;) {
         while (!s->head && !s->stop)
