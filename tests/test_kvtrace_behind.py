@@ -152,7 +152,8 @@ def test_a_failed_write_behind_aborts_the_point_and_gives_the_slot_back(tmp_path
 def test_points_with_write_behind_verify_every_byte(rt, tmp_path, depth):
     args = _args(tmp_path, "--configs", "staged,phoenix", "--concurrency", "4", "--write-behind", str(depth))
     args.duration = 2.0
-    records = kvtrace.run(args, log=lambda *a: None)
+    lines: list[str] = []
+    records = kvtrace.run(args, log=lambda *a: lines.append(" ".join(map(str, a))))
     by = {r["config"]: r for r in records}
     assert records[0]["meta"]["write_behind"] == depth
     for rec in records:
@@ -160,9 +161,15 @@ def test_points_with_write_behind_verify_every_byte(rt, tmp_path, depth):
         assert rec["verified"] and c["bytes_verified"] == c["bytes_loaded_dram"] + c["bytes_loaded_ssd"]
         assert c["ssd_loads"] > 0 and c["bytes_written_ssd"] == c["written_to_ssd"] * rec["meta"]["block_bytes"]
         assert c["written_behind"] <= c["written_to_ssd"]
-    assert by["staged"]["counts"]["written_behind"] == 0  # the naive loop writes on eviction
+        assert c["ssd_loads_behind"] <= c["ssd_loads"]
+    assert by["staged"]["counts"]["written_behind"] == by["staged"]["counts"]["ssd_loads_behind"] == 0
     behind = by["phoenix"]["counts"]["written_behind"]
     assert (behind > 0) if depth else (behind == 0)
+    # the copies written behind are read back from the SSD tier (and verified with every load)
+    read_back = by["phoenix"]["counts"]["ssd_loads_behind"]
+    assert (read_back > 0) if depth else (read_back == 0)
+    said = f"{read_back} of {by['phoenix']['counts']['ssd_loads']} SSD loads from them"
+    assert any(said in line for line in lines) if depth else not any("SSD loads from them" in line for line in lines)
     assert not [t for t in threading.enumerate() if t.name == "kv-write-behind"]  # the writer ended with its point
 
 
@@ -220,3 +227,21 @@ def test_a_failed_demotion_records_nothing_and_aborts_at_once(rt, tmp_path):
     finally:
         rp.close()
     assert seen and all(all(x) for x in seen)
+
+
+def test_a_tag_lives_as_long_as_its_copy():
+    """Tier tags (who wrote a resident copy) go with the copy: dropped, taken as a victim or
+    rewritten untagged, the block is no longer counted as written behind."""
+    t = Tier("ssd", 3)
+    for k in "abc":
+        t.put(k, t.take()[0], tag="behind")
+    assert t.tags == dict.fromkeys("abc", "behind")
+    t.drop("a")
+    slot, victim = t.take()  # the free slot a had
+    assert victim is None and "a" not in t.tags
+    t.put("a", slot)  # written again on eviction: untagged
+    slot, victim = t.take()  # no free slot: b, the least recently used, is the victim
+    assert victim == "b" and "b" not in t.tags
+    t.put("b", slot, tag="behind")
+    t.put("c", t.lru["c"])  # rewritten in place, untagged
+    assert t.tags == {"b": "behind"}

@@ -94,7 +94,7 @@ class WriteBehind:
                 with c.cond:
                     for key, _dslot, sslot in batch:
                         if error is None:
-                            c.ssd.put(key, sslot)
+                            c.ssd.put(key, sslot, tag="behind")
                         else:  # the slot's content is unknown: back to the free list
                             c.ssd.free.append(sslot)
                         c.dram.pins[key] -= 1

@@ -448,6 +448,7 @@ class Replayer:
                 tier = c.dram if w == "dram" else c.ssd
                 tier.pins[keys[b]] += 1
                 src[b] = tier.lru[keys[b]]
+                n.ssd_loads_behind += w == "ssd" and c.ssd.tags.get(keys[b]) == "behind"
             dst: dict[int, int] = {}
             tasks = []
             for b in want:

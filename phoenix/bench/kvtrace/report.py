@@ -131,6 +131,8 @@ def round_phases(rec: dict) -> str:
         parts.append(f"loads at {loaded / n['load_s'] / 1e9:.2f} GB/s in a round")
     if n.get("written_to_ssd"):
         parts.append(f"{n.get('written_behind', 0)} of {n['written_to_ssd']} SSD writes ahead of eviction")
+    if n.get("written_behind"):
+        parts.append(f"{n.get('ssd_loads_behind', 0)} of {n.get('ssd_loads', 0)} SSD loads from them")
     if rec.get("cpu_s_per_gb") is not None:
         parts.append(f"CPU {rec['cpu_s']:.1f} s ({rec['cpu_s_per_gb']:.3f} s per GB loaded or written)")
     return ", ".join(parts)

@@ -32,6 +32,7 @@ class Tier:
         self.free = list(range(self.reserved + self.nslots - 1, self.reserved - 1, -1))
         self.lru: collections.OrderedDict = collections.OrderedDict()  # key -> slot
         self.pins: collections.Counter = collections.Counter()
+        self.tags: dict = {}  # key -> who wrote its copy here (put's tag), while it is resident
 
     def evictable(self, exclude=()) -> int:
         return sum(1 for k, slot in self.lru.items() if not self.pins[k] and k not in exclude and slot >= self.reserved)
@@ -43,17 +44,23 @@ class Tier:
         for k, slot in self.lru.items():
             if not self.pins[k] and k not in exclude and slot >= self.reserved:
                 del self.lru[k]
+                self.tags.pop(k, None)
                 return slot, k
         return None, None
 
     def drop(self, key) -> None:
         slot = self.lru.pop(key)
+        self.tags.pop(key, None)
         if slot >= self.reserved:
             self.free.append(slot)
 
-    def put(self, key, slot: int) -> None:
+    def put(self, key, slot: int, tag: str | None = None) -> None:
         self.lru[key] = slot
         self.lru.move_to_end(key)
+        if tag is None:
+            self.tags.pop(key, None)
+        else:
+            self.tags[key] = tag
 
 
 @dataclass
@@ -63,6 +70,7 @@ class Counts:
     hbm_hits: int = 0
     dram_loads: int = 0
     ssd_loads: int = 0
+    ssd_loads_behind: int = 0  # of those, blocks whose SSD copy the write-behind wrote
     recomputes: int = 0
     bytes_loaded_dram: int = 0
     bytes_loaded_ssd: int = 0
