@@ -58,6 +58,8 @@ _MODES = {
 
 
 def _open_flags(mode: str) -> int:
+    if not isinstance(mode, str):
+        raise TypeError(f"mode must be a string ({', '.join(_MODES)}), got {type(mode).__name__} {mode!r}")
     key = mode.replace("b", "")
     if key not in _MODES:
         raise ValueError(f"mode {mode!r}: one of {', '.join(_MODES)} (a 'b' is accepted and ignored)")

@@ -119,6 +119,18 @@ def extent_arrays(file_offsets, sizes, buf_offsets, path, what: str):
             f"{what}: extent {k}",
             reason="the extent ends past 2**63-1, the largest file offset",
         )
+    # the buffer's end of each extent too: bo + sz is computed in int64 by the callers
+    past = np.flatnonzero(bo > I64_MAX - sz)
+    if past.size:
+        k = int(past[0])
+        raise ArgumentError(
+            _errno.EINVAL,
+            path,
+            int(fo[k]),
+            int(sz[k]),
+            f"{what}: extent {k}",
+            reason=f"buffer offset {int(bo[k])} + size {int(sz[k])} passes 2**63-1: no buffer holds it",
+        )
     return fo, sz, bo
 
 

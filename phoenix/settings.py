@@ -281,7 +281,25 @@ def _check(name: str, value, source: str):
         raise ValueError(f"{source}: fmap_window={n} must be a multiple of 2M")
     if name == "fmap_register_flags" and not 0 <= n <= 0xFFFFFFFF:
         raise ValueError(f"{source}: fmap_register_flags={n} must be an unsigned 32-bit value")
+    if name in ("inflight", "bounce_pool_size", "fmap_cache", "fmap_window") and n > I64_MAX:
+        raise ValueError(f"{source}: {name}={n} is past 2**63-1 bytes")
+    if name == "bounce_pool_size" and n > _physical_memory():
+        raise ValueError(
+            f"{source}: bounce_pool_size={n} is more than this machine's memory ({_physical_memory()} bytes): "
+            "the pool is pinned host memory; give at most that (auto: sized from threads and chunk size)"
+        )
     return n
+
+
+I64_MAX = (1 << 63) - 1
+
+
+def _physical_memory() -> int:
+    """Bytes of RAM (sysconf), or 2**63-1 where it cannot be read."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return I64_MAX
 
 
 _lock = threading.Lock()

@@ -212,7 +212,16 @@ def test_fast_device_run_is_labelled_and_leaves_nothing(tmp_path):
 def test_fast_device_torn_down_on_a_signal(tmp_path, sig):
     before = _leftovers()
     cmd = _cmd(tmp_path, "--ops", "read,write,randread", "--reps", "3")
-    p = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT as a terminal gives it, even where this test runs in a shell's background job
+    # (which starts its children with SIGINT ignored: Python then keeps it ignored)
+    p = subprocess.Popen(
+        cmd,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         for line in p.stderr:  # the device is up once this line is said
             if line.startswith("phx bench: on a"):

@@ -513,3 +513,60 @@ def test_page_cache_reads_are_staged_in_small_chunks(rt, dev, tmp_path):
         st1 = pio.stats()
         check_extent(d.get(), data, 4096, size)
         assert st1["chunks_staged"] - st0["chunks_staged"] == -(-size // (16 << 20))  # 2
+
+
+def test_reads_and_writes_racing_keep_the_queue_bounded_and_clear_returns(rt, dev, tmp_path):
+    """Device-memory reads of a cached file that is also written (each write drops the
+    window a read queued; the next read queues it again) while host reads keep the context
+    busy (the registrar waits for it to be idle): the registration queue stays bounded
+    (FMAP_PENDING_MAX, each entry holds a descriptor: once it grew by hundreds a second
+    until the process ran out of them), fmap_clear returns while the I/O goes on, and every
+    byte read into device memory is what the file held."""
+    path = tmp_path / "race.bin"
+    n = 8 * W
+    data = make_file(path, n, 31)
+    stop = threading.Event()
+    errors: list = []
+    fds0 = len(os.listdir("/proc/self/fd"))
+    with fmap(fmap_mode="auto", fmap_window=n), pio.open(path, "r+") as f:  # one window: every read wants it
+
+        def host_reader(k):
+            b = np.empty(1 << 20, np.uint8)
+            while not stop.is_set():
+                f.read(b, 1 << 20, (k % 16) << 20)
+
+        def dev_reader_writer(k):
+            d = dev(1 << 20)
+            same = data[k << 20 : (k << 20) + 4096]  # writes of what the file holds: reads stay checkable
+            i = 0
+            try:
+                while not stop.is_set():
+                    off = ((i + k) % 16) << 20
+                    d.poison()
+                    assert f.read(d.buf(), 1 << 20, off) == 1 << 20
+                    check_extent(d.get(), data[off:], 0, 1 << 20)
+                    assert f.write(same, 4096, k << 20) == 4096
+                    i += 1
+            except BaseException as e:  # noqa: BLE001 - reported by the test thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=host_reader, args=(k,)) for k in range(4)]
+        threads += [threading.Thread(target=dev_reader_writer, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        most, most_fds = 0, 0
+        try:
+            for _ in range(30):
+                stop.wait(0.1)
+                most = max(most, pio.fmap_info()["pending"])
+                most_fds = max(most_fds, len(os.listdir("/proc/self/fd")))
+            cleared = threading.Event()
+            threading.Thread(target=lambda: (pio.fmap_clear(), cleared.set()), daemon=True).start()
+            assert cleared.wait(20), "fmap_clear did not return while the I/O went on"
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(30)
+    assert not errors, errors[0]
+    assert most <= 64, f"{most} window registrations queued"
+    assert most_fds <= fds0 + 64 + 32, f"{most_fds} descriptors open (from {fds0})"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -57,6 +59,30 @@ def test_bad_environment_names_the_variable(monkeypatch, var, value, msg):
     with pytest.raises(ValueError, match=msg) as ei:
         ps.get()
     assert var in str(ei.value)
+
+
+@pytest.mark.parametrize("name", ["inflight", "bounce_pool_size", "fmap_cache", "fmap_window"])
+def test_sizes_past_2_63_are_refused_not_wrapped(monkeypatch, name):
+    """Sizes the C core holds in 64 bits: past 2**63-1 refused (a ctypes c_uint64 would take
+    2**64 + 1M as 1M), from override() and from the environment."""
+    for value in ((1 << 64) + (2 << 20), 1 << 63):
+        with pytest.raises(ValueError, match=f"{name}={value} is past 2\\*\\*63-1"):
+            with ps.override(**{name: value}):
+                pass
+    var = ps.ENV[name]
+    monkeypatch.setenv(var, str((1 << 64) + (2 << 20)))
+    with pytest.raises(ValueError, match="past 2\\*\\*63-1") as ei:
+        ps.get()
+    assert var in str(ei.value)
+
+
+def test_a_bounce_pool_larger_than_memory_is_refused():
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    with pytest.raises(ValueError, match="more than this machine's memory"):
+        with ps.override(bounce_pool_size=ram + (1 << 30)):
+            pass
+    with ps.override(bounce_pool_size="64M"):
+        assert ps.get().bounce_pool_size == 64 << 20
 
 
 def test_override_validates():

@@ -385,9 +385,16 @@ void chunk_start(struct io_worker *w, struct io_chunk *ch)
                 return;
             }
             ch->slot = mem;
-        } else if (!(ch->slot = pool_alloc(&w->ctx->pool, ch->slot_bytes, slot_cap(w, ch), w))) {
-            park(w, ch);
-            return;
+        } else {
+            int never = 0;
+            ch->slot = pool_alloc(&w->ctx->pool, ch->slot_bytes, slot_cap(w, ch), w, &never);
+            if (!ch->slot) {
+                if (never)
+                    chunk_fail(w, ch, ENOMEM);
+                else
+                    park(w, ch);
+                return;
+            }
         }
     }
     char *base = ch->path == CH_USER ? ch->user : ch->slot;

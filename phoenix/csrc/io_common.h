@@ -56,6 +56,8 @@
 #define IO_POLL_NS (20ll * 1000)
 #define IO_POLL_MAX_NS (320ll * 1000)
 /* ... but first until the oldest batch's predicted completion (io_copy_est.h). */
+/* Chunks of one request, at most (its counts are int: r->pending) */
+#define IO_MAX_CHUNKS 0x7fffffffull
 #define IO_CACHED_CHUNK (4ull << 20)    /* staged chunks of a read from the page cache (at most) */
 #define IO_CACHED_SLOTS 4               /* ... and slots of them in use per worker (at most) */
 #define IO_BG_EVERY 8                   /* normal chunks taken per background one, at most */

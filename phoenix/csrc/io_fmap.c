@@ -71,7 +71,7 @@ static void fill_misses(phx_ctx *ctx, phx_file *f, const struct stat *st, int64_
         struct io_fwrite *e = fmap_wfind_locked(m, f->st_dev, f->st_ino);
         /* (after memory pressure no window is registered for a while: FMAP_PRESSURE_HOLD_NS) */
         int have = fmap_find_locked(m, f->st_dev, f->st_ino, off) != NULL || (e && e->writes > 0) ||
-                   (m->hold_until_ns && io_now_ns() < m->hold_until_ns);
+                   (m->hold_until_ns && io_now_ns() < m->hold_until_ns) || m->pending >= FMAP_PENDING_MAX;
         pthread_mutex_unlock(&m->mu);
         if (have)
             continue;
@@ -96,7 +96,7 @@ static void fill_misses(phx_ctx *ctx, phx_file *f, const struct stat *st, int64_
             return;
         }
         pthread_mutex_lock(&m->mu);
-        if (fmap_find_locked(m, w->dev, w->ino, w->off) || m->stop) {
+        if (fmap_find_locked(m, w->dev, w->ino, w->off) || m->stop || m->pending >= FMAP_PENDING_MAX) {
             pthread_mutex_unlock(&m->mu);
             close(w->fd);
             free(w);

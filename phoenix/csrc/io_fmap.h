@@ -49,6 +49,10 @@ struct io_fwrite {
     int64_t writes;         /* in flight */
 };
 #define FMAP_PIECE (256ull << 20)  /* bytes per memcpy_async of a hit */
+/* windows queued or being registered, at most (each holds a descriptor): a miss past it
+ * is read as any miss, not queued (reads faster than the registrar, or writes that keep
+ * dropping queued windows, do not pile them up) */
+#define FMAP_PENDING_MAX 64
 struct io_fmap {
     pthread_mutex_t mu;
     pthread_cond_t cv;             /* wakes the registrar */
@@ -67,6 +71,7 @@ struct io_fmap {
     int64_t windows, pending, unregistrable, in_use;
     int64_t hits, misses, registrations, evictions, invalidations;
     int busy, stop, started;
+    int clearing;                  /* fmap_clear_all in progress: the registrar starts nothing */
     pthread_t th;
     /* phoenix writes per inode: a window is not registered while one runs or if one
      * started during its registration (an O_DIRECT write cannot invalidate pinned

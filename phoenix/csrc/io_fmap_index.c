@@ -264,10 +264,13 @@ int fmap_clear_all(phx_ctx *ctx, int stop)
     struct io_fwin *rel = drop_queue_locked(m, NULL);
     if (stop)
         m->stop = 1;
+    m->clearing++; /* the registrar finishes what it does and starts nothing more */
     pthread_cond_broadcast(&m->cv);
     while (m->busy)
         pthread_cond_wait(&m->idle_cv, &m->mu);
     struct io_fwin *more = fmap_drop_all_locked(m, &n);
+    m->clearing--;
+    pthread_cond_broadcast(&m->cv);
     while (more) {
         struct io_fwin *next = more->qnext;
         more->qnext = rel;

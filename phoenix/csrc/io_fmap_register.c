@@ -284,6 +284,11 @@ static void *registrar_main(void *arg)
         }
         if (m->stop)
             break;
+        if (m->clearing) { /* fmap_clear_all waits for it to start nothing */
+            pthread_cond_broadcast(&m->idle_cv);
+            pthread_cond_wait(&m->cv, &m->mu);
+            continue;
+        }
         struct io_fwin *w = m->q_head;
         if (!w) {
             pthread_cond_broadcast(&m->idle_cv);
@@ -303,6 +308,15 @@ static void *registrar_main(void *arg)
         if (!m->q_head)
             m->q_tail = NULL;
         w->qnext = NULL;
+        if (!w->hashed) { /* dropped while queued (a write, an invalidation): gone now, not
+                           * after waiting for the context to be idle */
+            m->pending--;
+            w->state = FW_UNREG; /* nothing mapped: its release only closes its fd */
+            pthread_mutex_unlock(&m->mu);
+            fmap_release_list(ctx, w);
+            pthread_mutex_lock(&m->mu);
+            continue;
+        }
         m->busy = 1;
         pthread_mutex_unlock(&m->mu);
         wait_ctx_idle(ctx);

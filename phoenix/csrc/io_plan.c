@@ -105,15 +105,16 @@ static int req_check(const phx_ctx *ctx, const struct phx_io_desc *d, int intern
     return 0;
 }
 
-/* The path and geometry of a request that passed req_check and moves bytes. */
-static void req_layout(phx_ctx *ctx, const struct phx_io_desc *d, int internal, struct req_layout *L)
+/* The path and geometry of a request that passed req_check and moves bytes: 0, or
+ * EINVAL for one of more chunks than a request holds (IO_MAX_CHUNKS). */
+static int req_layout(phx_ctx *ctx, const struct phx_io_desc *d, int internal, struct req_layout *L)
 {
     phx_file *f = d->file;
     if (d->op == PHX_OP_READ && L->staged_dev && !internal)
         L->fhit = fmap_plan(ctx, f, d, &L->fp);
     if (L->fhit) {
         L->nchunks = L->fp.nchunks;
-        return;
+        return 0;
     }
     L->direct = atomic_load(&f->direct_ok);
     /* O_DIRECT reads and writes whole aligned blocks: one that would end past the
@@ -147,7 +148,13 @@ static void req_layout(phx_ctx *ctx, const struct phx_io_desc *d, int internal, 
     uint64_t first = align_down((uint64_t)d->file_offset, C);
     uint64_t last = align_down((uint64_t)d->file_offset + d->size - 1, C);
     L->C = C;
-    L->nchunks = (uint32_t)((last - first) / C + 1);
+    uint64_t n = (last - first) / C + 1;
+    if (n > IO_MAX_CHUNKS) {
+        L->nchunks = 0;
+        return EINVAL; /* (the counts are 32-bit; no such request fits in memory anyway) */
+    }
+    L->nchunks = (uint32_t)n;
+    return 0;
 }
 
 /* The request with room for its chunks, its fields set from the descriptor; NULL when
@@ -239,7 +246,7 @@ phx_req *req_build(phx_ctx *ctx, const struct phx_io_desc *d, int internal, io_d
     struct req_layout L = {.staged_dev = staged_dev, .slot_path = staged_dev, .C = ctx->chunk, .A = 4096};
     int err = req_check(ctx, d, internal, staged_dev);
     if (!err && d->size)
-        req_layout(ctx, d, internal, &L);
+        err = req_layout(ctx, d, internal, &L);
     phx_req *r = req_alloc(ctx, d, &L, internal, on_done, arg, want_handle);
     if (!r) {
         if (L.fhit)

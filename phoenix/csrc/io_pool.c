@@ -175,12 +175,24 @@ static void *alloc_locked(struct io_pool *p, uint64_t bytes)
     return s->base;
 }
 
-void *pool_alloc(struct io_pool *p, uint64_t bytes, uint64_t cap, struct io_worker *waiter)
+static void wake_locked(struct io_pool *p);
+
+void *pool_alloc(struct io_pool *p, uint64_t bytes, uint64_t cap, struct io_worker *waiter, int *never)
 {
+    *never = 0;
     pthread_mutex_lock(&p->mu);
     /* under the cap, or nothing in use (a slot larger than the cap still gets through) */
     int room = !cap || !p->in_use || p->in_use + pool_round(bytes) <= cap;
     void *ptr = room ? alloc_locked(p, bytes) : NULL;
+    if (!ptr && !p->in_use) {
+        /* nothing in use, and the pool could not give it (its memory could not be
+         * allocated): no slot will come back to wait for. Those who wait retry and learn
+         * it too. */
+        *never = 1;
+        wake_locked(p);
+        pthread_mutex_unlock(&p->mu);
+        return NULL;
+    }
     if (!ptr && waiter && !waiter->pool_wait) {
         /* registered under the lock, so the next pool_free cannot miss us */
         waiter->pool_wait = 1;

@@ -36,8 +36,10 @@ int pool_init(struct io_pool *p, struct phx_ctx *ctx, uint64_t limit, uint64_t m
               const struct phx_dp_table *dp);
 void pool_fini(struct io_pool *p);
 /* Non-blocking: NULL when the pool is full, or when `cap` (0: none) bytes of it are in
- * use already; `waiter` (if any) is then woken by the next pool_free. */
-void *pool_alloc(struct io_pool *p, uint64_t bytes, uint64_t cap, struct io_worker *waiter);
+ * use already; `waiter` (if any) is then woken by the next pool_free. *never: NULL and
+ * nothing is in use (the pool's memory could not be allocated): no free will come, the
+ * caller fails with ENOMEM instead of waiting. */
+void *pool_alloc(struct io_pool *p, uint64_t bytes, uint64_t cap, struct io_worker *waiter, int *never);
 /* Blocking, all or nothing: n slots of `bytes` each. */
 int pool_alloc_many(struct io_pool *p, int n, uint64_t bytes, char **out);
 void pool_free(struct io_pool *p, void *ptr, uint64_t bytes);

@@ -250,14 +250,18 @@ static int retry_parked(struct io_worker *w)
         return 0; /* not woken yet */
     while (w->parked_head) {
         struct io_chunk *ch = w->parked_head;
-        ch->slot = pool_alloc(&w->ctx->pool, ch->slot_bytes, slot_cap(w, ch), w);
-        if (!ch->slot)
+        int never = 0;
+        ch->slot = pool_alloc(&w->ctx->pool, ch->slot_bytes, slot_cap(w, ch), w, &never);
+        if (!ch->slot && !never)
             break;
         w->parked_head = ch->next;
         if (!w->parked_head)
             w->parked_tail = NULL;
         w->nparked--;
-        chunk_start(w, ch);
+        if (never)
+            chunk_fail(w, ch, ENOMEM); /* no slot will ever come back to wait for */
+        else
+            chunk_start(w, ch);
         n++;
     }
     return n;
