@@ -56,6 +56,7 @@
 #define IO_POLL_NS (20ll * 1000)
 #define IO_POLL_MAX_NS (320ll * 1000)
 /* ... but first until the oldest batch's predicted completion (io_copy_est.h). */
+#define IO_TIMER_SLACK_NS 1000ul /* a worker's timer slack (prctl PR_SET_TIMERSLACK) */
 /* Chunks of one request, at most (its counts are int: r->pending) */
 #define IO_MAX_CHUNKS 0x7fffffffull
 #define IO_CACHED_CHUNK (4ull << 20)    /* staged chunks of a read from the page cache (at most) */

@@ -16,9 +16,11 @@
  * records an event after a batch of read copies or a write's copy and queries it between
  * I/Os (poll_copies); its wait in the ring is then bounded (poll_ns). A callback costs
  * the runtime's callback thread tens of microseconds; a record and a few queries, a few.
- * Each wakeup to query costs the worker a ring enter and a timer: the worker predicts a
- * batch's completion from its bytes and the time per byte the copies took so far
- * (io_copy_est.h) and sleeps until then, not in steps doubled from IO_POLL_NS.
+ * Each wakeup to query costs the worker a ring enter and a timer: for a staged write, whose
+ * file write waits for its copy, the worker predicts the copy's end from its bytes and the
+ * time per byte the copies took so far (io_copy_est.h) and sleeps until then, not in steps
+ * doubled from IO_POLL_NS. Read batches keep the steps (their completions are what a load
+ * waits for, and with reads in flight those wake the worker anyway).
  */
 #include "io_fmap.h"
 #include "io_order.h"
@@ -111,7 +113,7 @@ void done_fini(struct io_worker *w)
  * and keep the batch to poll. 0, or -1 (no free entry, or the runtime refused: the caller
  * launches a callback instead). */
 static int done_queue(struct io_worker *w, int dev, void *stream, int write, struct io_chunk *chunks,
-                      uint64_t bytes)
+                      uint64_t bytes, int fenced)
 {
     const struct phx_dp_table *dp = &w->ctx->dp;
     if (w->cur_dev != dev) /* set_device refused: an event made now would be another device's */
@@ -139,9 +141,7 @@ static int done_queue(struct io_worker *w, int dev, void *stream, int write, str
         return -1;
     *pp = e->next;
     e->write = write;
-    e->bytes = bytes;
-    e->queued_ns = io_now_ns();
-    e->probe = copy_est_queued(&w->est);
+    copy_est_queue(&e->b, dev, bytes, io_now_ns(), fenced);
     e->chunks = chunks;
     e->next = NULL;
     if (w->done_tail)
@@ -154,10 +154,19 @@ static int done_queue(struct io_worker *w, int dev, void *stream, int write, str
     return 0;
 }
 
-int64_t copy_due_ns(const struct io_worker *w, int64_t now)
+int64_t copy_due_ns(struct io_worker *w, int64_t now, int *probing)
 {
-    const struct io_done *e = w->done_head;
-    return e ? copy_est_due(&w->est, e->bytes, e->queued_ns, e->probe, now) : 0;
+    struct copy_batch *heads[IO_DONE_EVENTS];
+    uint64_t devs = 0; /* devices whose first pending batch is in heads */
+    int n = 0;
+    for (struct io_done *e = w->done_head; e && n < IO_DONE_EVENTS; e = e->next) {
+        uint64_t bit = 1ull << e->b.dev;
+        if (!(devs & bit)) {
+            devs |= bit;
+            heads[n++] = &e->b;
+        }
+    }
+    return copy_est_due_heads(&w->est, heads, n, now, probing);
 }
 
 int poll_copies(struct io_worker *w)
@@ -166,10 +175,12 @@ int poll_copies(struct io_worker *w)
     struct io_done **pp = &w->done_head, *prev = NULL;
     int n = 0;
     int64_t now = w->done_head ? io_now_ns() : 0;
+    uint64_t devs = 0; /* devices a batch was seen done on by this look */
     while (*pp) {
         struct io_done *e = *pp;
         int q = dp->event_query(e->ev);
         if (q == dp->not_ready) {
+            copy_est_missed(&e->b, now);
             prev = e;
             pp = &e->next;
             continue;
@@ -180,7 +191,9 @@ int poll_copies(struct io_worker *w)
                 w->cur_dev = e->dev;
             err = dp->stream_synchronize(w->streams[e->dev]) != dp->success;
         }
-        copy_est_seen(&w->est, e->bytes, e->queued_ns, now, !n);
+        uint64_t bit = 1ull << e->b.dev;
+        copy_est_seen(&w->est, &e->b, now, !(devs & bit));
+        devs |= bit;
         *pp = e->next;
         if (w->done_tail == e)
             w->done_tail = prev;
@@ -217,14 +230,16 @@ void flush_copies(struct io_worker *w)
         struct io_chunk *list = w->copied[d];
         if (!list)
             continue;
-        uint64_t bytes = w->copied_bytes[d];
+        int fenced = w->copied_fenced[d];
         w->copied[d] = NULL;
         w->copied_bytes[d] = 0;
+        w->copied_fenced[d] = 0;
         void *stream = w->streams[d];
         if (w->cur_dev != d && dp->set_device(d) == dp->success)
             w->cur_dev = d;
         STAT_ADD(copy_flushes, 1);
-        if (w->poll && done_queue(w, d, stream, 0, list, bytes) == 0)
+        /* (0 bytes: a read batch is not predicted, io_copy_est.h) */
+        if (w->poll && done_queue(w, d, stream, 0, list, 0, fenced) == 0)
             continue;
         if (dp->launch_host_func(stream, cb_read_copied_list, list) != dp->success)
             reads_copied(list, dp->stream_synchronize(stream) != dp->success);
@@ -245,13 +260,15 @@ static void cb_write_filled(void *arg)
 
 /* Queue the copy between the chunk's slot and its device memory on the worker's stream
  * for that device (to the device: the bytes read; from it: the whole chunk). Returns the
- * stream, or NULL on a vendor error. */
-static void *queue_dev_copy(struct io_worker *w, struct io_chunk *ch, int to_device)
+ * stream, or NULL on a vendor error; *fenced: the stream waits for the caller's first. */
+static void *queue_dev_copy(struct io_worker *w, struct io_chunk *ch, int to_device, int *fenced)
 {
     const struct phx_dp_table *dp = &w->ctx->dp;
     void *stream = worker_stream(w, ch->req->device);
-    if (!stream || fence_order_copy(w, ch->req->device, stream, ch->req->fence) < 0)
+    int fo = stream ? fence_order_copy(w, ch->req->device, stream, ch->req->fence) : -EIO;
+    if (fo < 0)
         return NULL;
+    *fenced = fo;
     char *slot = ch->slot + ch->slot_off;
     int rc = to_device ? dp->memcpy_async(ch->user, slot, ch->got, dp->kind_h2d, stream)
                        : dp->memcpy_async(slot, ch->user, ch->len, dp->kind_d2h, stream);
@@ -266,10 +283,11 @@ static void *queue_dev_copy(struct io_worker *w, struct io_chunk *ch, int to_dev
 int dev_copy_to_slot(struct io_worker *w, struct io_chunk *ch)
 {
     const struct phx_dp_table *dp = &w->ctx->dp;
-    void *stream = queue_dev_copy(w, ch, 0);
+    int fenced = 0;
+    void *stream = queue_dev_copy(w, ch, 0, &fenced);
     if (!stream)
         return -EIO;
-    if (w->poll && done_queue(w, ch->req->device, stream, 1, ch, ch->len) == 0)
+    if (w->poll && done_queue(w, ch->req->device, stream, 1, ch, ch->len, fenced) == 0)
         return 0; /* poll_copies issues the write */
     if (dp->launch_host_func(stream, cb_write_filled, ch) != dp->success)
         return dp->stream_synchronize(stream) == dp->success ? 1 : -EIO;
@@ -281,12 +299,14 @@ int dev_copy_to_slot(struct io_worker *w, struct io_chunk *ch)
 void start_read_copy(struct io_worker *w, struct io_chunk *ch)
 {
     phx_req *r = ch->req;
-    if (queue_dev_copy(w, ch, 1)) {
+    int fenced = 0;
+    if (queue_dev_copy(w, ch, 1, &fenced)) {
         if (!w->copied_since_ns)
             w->copied_since_ns = io_now_ns();
         ch->next = w->copied[r->device];
         w->copied[r->device] = ch;
         w->copied_bytes[r->device] += ch->got;
+        w->copied_fenced[r->device] |= fenced;
         if (w->copied_bytes[r->device] >= IO_FLUSH_BYTES)
             flush_copies(w);
         return; /* cb_read_copied_list frees the slot and finishes the chunk */
@@ -344,7 +364,7 @@ void fmap_req_start(struct io_worker *w, struct io_chunk *c0)
     w->owned--;
     w->owned_bytes -= c0->len;
     void *stream = worker_stream(w, r->device);
-    int err = stream && fence_order_copy(w, r->device, stream, r->fence) == 0 ? 0 : EIO;
+    int err = stream && fence_order_copy(w, r->device, stream, r->fence) >= 0 ? 0 : EIO;
     for (uint32_t i = 0; i < r->nchunks && !err; i++) {
         struct io_chunk *ch = &r->chunks[i];
         if (!ch->win || !ch->got)

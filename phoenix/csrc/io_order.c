@@ -135,13 +135,15 @@ int fence_order_copy(struct io_worker *w, int dev, void *stream, phx_fence *f)
     if (!f || atomic_load_explicit(&f->passed, memory_order_acquire) || w->fence_waited[dev] == f->id)
         return 0;
     const struct phx_dp_table *dp = &w->ctx->dp;
+    int queued = 1;
     if (dp->stream_wait_event(stream, f->event, 0) != dp->success) {
         if (dp->event_synchronize(f->event) != dp->success)
             return -EIO;
         atomic_store(&f->passed, 1);
+        queued = 0;
     }
     w->fence_waited[dev] = f->id;
-    return 0;
+    return queued;
 }
 
 /* Every fence is back on the free list (each holds the context): destroy the events. */

@@ -24,7 +24,9 @@ struct phx_fence {
 /* A request's memory is touched by the CPU or the disk: wait on the host (caller's thread). */
 int fence_host_wait(phx_fence *f);
 /* Before a device copy on the worker's `stream` for device `dev`: make the stream wait for
- * the fence (once per fence and stream). 0, or -EIO when the vendor refused both ways. */
+ * the fence (once per fence and stream). 1 when the stream now waits for it (the copy's
+ * time includes that wait), 0 when nothing was to wait for (or it was waited for here),
+ * -EIO when the vendor refused both ways. */
 int fence_order_copy(struct io_worker *w, int dev, void *stream, phx_fence *f);
 phx_fence *fence_ref(phx_fence *f);
 void fence_fini(struct phx_ctx *ctx);

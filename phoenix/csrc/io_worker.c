@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -420,17 +421,19 @@ static int flush_due(struct io_worker *w, int64_t *wait_ns)
     return 0;
 }
 
-/* The bound of a polling worker's wait (0: none): until the oldest batch's predicted
- * completion (copy_due_ns), then poll_ns; or, with file I/O in flight, only reads' copies
- * pending and no one waiting for bounce slots (their completion frees some), the later of
- * that and IO_POLL_MAX_NS, a backstop: the file I/O's completions wake the worker (fewer
- * wakeups of many workers, which a device served by the CPU feels). */
+/* The bound of a polling worker's wait (0: none): until the pending batches' earliest
+ * predicted end (copy_due_ns), then poll_ns; or, with file I/O in flight, only reads'
+ * copies pending and no one waiting for bounce slots (their completion frees some), the
+ * later of that and IO_POLL_MAX_NS, a backstop: the file I/O's completions wake the worker
+ * (fewer wakeups of many workers, which a device served by the CPU feels); but a probe
+ * look (the estimate's check, one batch in IO_POLL_PROBE_EVERY) is kept. */
 static int64_t poll_bound(struct io_worker *w)
 {
     if (!w->done_head)
         return 0;
-    int64_t due = copy_due_ns(w, io_now_ns());
-    if (w->ring_inflight && !w->done_writes && !slots_awaited(w))
+    int probing = 0;
+    int64_t due = copy_due_ns(w, io_now_ns(), &probing);
+    if (w->ring_inflight && !w->done_writes && !slots_awaited(w) && !probing)
         return due > IO_POLL_MAX_NS ? due : IO_POLL_MAX_NS;
     return due ? due : w->poll_ns;
 }
@@ -540,6 +543,9 @@ static void *worker_main(void *arg)
     int rc = 0;
     char why[200] = "";
     pthread_setname_np(pthread_self(), "phx-io"); /* as top, perf and /proc/.../task show it */
+    /* its timed waits end when asked, not up to the default 50 us later: a polling worker
+     * looks at its copies at their predicted ends (io_copy_est.h) */
+    prctl(PR_SET_TIMERSLACK, IO_TIMER_SLACK_NS, 0, 0, 0);
     if (w->use_ring) {
         unsigned want = 3u * (unsigned)w->cap + 2, entries = 8;
         while (entries < want)

@@ -16,6 +16,7 @@
 #include "io_ring.h"
 
 #define IO_MAX_DEVICES 64
+_Static_assert(IO_MAX_DEVICES == IO_COPY_EST_DEVICES, "a worker's copy_est tracks every device");
 #define IO_DONE_EVENTS 32 /* copy-completion events a worker polls at once (more: callbacks) */
 
 /* A batch of device copies whose completion the worker polls (event_query): staged reads
@@ -25,9 +26,7 @@ struct io_done {
     void *ev;
     int dev;       /* where ev was created (-1: none yet) */
     int write;
-    int probe;         /* also looked at before its predicted end (io_copy_est.h) */
-    uint64_t bytes;    /* the batch's bytes, and when its event was recorded: */
-    int64_t queued_ns; /* its end is predicted from them (copy_due_ns) */
+    struct copy_batch b; /* its bytes, device, times: its end is predicted (copy_due_ns) */
     struct io_chunk *chunks;
     struct io_done *next;
 };
@@ -66,6 +65,7 @@ struct io_worker {
     int in_reap;
     struct io_chunk *copied[IO_MAX_DEVICES];
     uint64_t copied_bytes[IO_MAX_DEVICES]; /* ... their bytes: flushed early past IO_FLUSH_BYTES */
+    unsigned char copied_fenced[IO_MAX_DEVICES]; /* ... one waits for the caller's stream too */
     int64_t copied_since_ns;  /* when the oldest of them was queued (0: none) */
     int cur_dev;
     /* copies' completions by polling (phx_dp_can_poll, a ring that waits with a timeout):
@@ -111,9 +111,10 @@ void run_copies(struct io_worker *w);
 void flush_copies(struct io_worker *w);
 /* Polling: finish the batches whose copies are done; how many. */
 int poll_copies(struct io_worker *w);
-/* Polling: how long the worker may sleep before it looks at its oldest batch again (its
- * predicted completion; 0: no prediction, poll_ns decides). */
-int64_t copy_due_ns(const struct io_worker *w, int64_t now);
+/* Polling: how long the worker may sleep before it looks at its pending batches again
+ * (the earliest predicted end of each device's first one; 0: none predicted, poll_ns
+ * decides). It may plan a probe look (io_copy_est.h); *probing: the sleep ends at one. */
+int64_t copy_due_ns(struct io_worker *w, int64_t now, int *probing);
 /* Polling: set up the worker's entries (at its start) / destroy their events (at its end). */
 void done_init(struct io_worker *w);
 void done_fini(struct io_worker *w);
