@@ -251,6 +251,10 @@ def register(buf) -> int:
                     other = f" (overlaps [{info.base:#x}, +{info.size}))"
                     break
             raise RegistrationError(f"cannot register [{b.addr:#x}, +{b.nbytes}): {_strerror(rc)}{other}")
+        if mem == _buffers.MEM_HOST and _lib.phx_mem_probe(b.addr, b.nbytes) == -_errno.EFAULT:
+            _lib.phx_reg_remove(b.addr)
+            b.release()
+            raise RegistrationError(f"cannot register [{b.addr:#x}, +{b.nbytes}): not accessible memory (freed?)")
         _registered.setdefault(b.addr, []).append(b)
     return b.addr
 
@@ -260,13 +264,14 @@ def deregister(buf) -> None:
     b = _buffers.adapt(buf, writable=False)
     try:
         with _reg_lock:
+            kept = _registered.get(b.addr)
+            if not kept:  # (not one of this module's: libphxfile's are removed there)
+                raise RegistrationError(f"[{b.addr:#x}, +{b.nbytes}) is not registered with phoenix.register")
             rc = _lib.phx_reg_remove(b.addr)
             if rc < 0:
                 raise RegistrationError(f"[{b.addr:#x}, +{b.nbytes}) is not registered")
-            kept = _registered.get(b.addr)
-            if kept:
-                kept.pop().release()
-                if not kept:
-                    del _registered[b.addr]
+            kept.pop().release()
+            if not kept:
+                del _registered[b.addr]
     finally:
         b.release()

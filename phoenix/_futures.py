@@ -13,6 +13,7 @@ import ctypes
 import threading
 
 from ._abi import _lib
+from .checks import timeout_ns
 from .errors import file_error
 
 
@@ -94,7 +95,7 @@ class IOFuture:
         """Wait for completion; False if ``timeout`` (seconds) passed first."""
         if self._done:
             return True
-        ns = -1 if timeout is None else max(0, int(timeout * 1e9))
+        ns = timeout_ns(timeout, self._what)
         if _lib.phx_req_wait(self._req, ns) != 0:
             return False
         self._collect()
@@ -191,7 +192,7 @@ class StreamIO:
         """Wait (without touching the stream) until the op has run; False on timeout."""
         if self._done:
             return True
-        ns = -1 if timeout is None else max(0, int(timeout * 1e9))
+        ns = timeout_ns(timeout, self._what)
         if _lib.phx_sop_wait(self._sop, ns) != 0:
             return False
         self._collect()

@@ -19,13 +19,14 @@ import ctypes
 from ._abi import _P, FMAP_MODE_NAME, _FmapInfo, _lib
 from ._engine import _each_live_engine, _using_engine
 from ._files import PhxFile
+from .checks import timeout_ns
 
 
 def fmap_wait(timeout: float | None = None) -> bool:
     """Wait until the background registrations queued by warm-read misses are done (the
     next read of those ranges hits). For benchmarks and KV tiers: "the registration
     happens between agent rounds". False if ``timeout`` seconds passed first."""
-    ns = -1 if timeout is None else max(0, int(timeout * 1e9))
+    ns = timeout_ns(timeout, "fmap_wait")
     return all(rc == 0 for rc in _each_live_engine(lambda e: _lib.phx_fmap_wait(e.handle, ns)))
 
 

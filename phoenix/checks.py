@@ -166,3 +166,23 @@ def bounded(value, name: str, what: str, low: int, high: int) -> int:
     if not low <= v <= high:
         raise ValueError(f"{what}: {name}={v} must be between {low} and {high}")
     return v
+
+
+def timeout_ns(timeout, what: str) -> int:
+    """A wait's ``timeout`` in seconds as the C core's nanoseconds: None, inf or one past
+    2**63-1 ns (292 years) waits without end (-1); a negative one does not wait (0); NaN,
+    bools and non-numbers are refused (an int64 would take 1e30 s as 0 ns: no wait)."""
+    import math
+
+    if timeout is None:
+        return -1
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) and not hasattr(timeout, "__float__"):
+        raise TypeError(f"{what}: timeout must be a number of seconds or None (wait without end), got {timeout!r}")
+    t = float(timeout)
+    if math.isnan(t):
+        raise ValueError(f"{what}: timeout=nan: give a number of seconds, or None to wait without end")
+    if t <= 0:
+        return 0
+    if t * 1e9 >= I64_MAX:
+        return -1
+    return int(t * 1e9)

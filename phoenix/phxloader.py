@@ -166,6 +166,8 @@ def read_header(path) -> Header:
         hdr = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: the header is not JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: the header is not a safetensors header (JSON nested too deeply)") from None
     if not isinstance(hdr, dict):
         raise ValueError(f"{path}: the header is not a JSON object")
     data_start = 8 + n
@@ -183,15 +185,40 @@ def read_header(path) -> Header:
             raise ValueError(f"{path}: tensor {name!r}: needs dtype, shape and data_offsets [begin, end]") from None
         if dtype not in DTYPES:
             raise ValueError(f"{path}: tensor {name!r}: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
-        if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
-            raise ValueError(f"{path}: tensor {name!r}: bad shape {shape!r}")
-        if not (isinstance(b, int) and isinstance(en, int) and 0 <= b <= en <= data_len):
+        if not isinstance(shape, list) or not all(_count(s) and s < 1 << 63 for s in shape):
+            raise ValueError(f"{path}: tensor {name!r}: bad shape {shape!r} (dimensions are integers in [0, 2**63))")
+        if len(shape) > 64 or math.prod(s for s in shape if s) * DTYPES[dtype].itemsize >= 1 << 63:
+            raise ValueError(
+                f"{path}: tensor {name!r}: shape {shape!r} is no array (at most 64 dimensions, 2**63 bytes)"
+            )
+        if not (_count(b) and _count(en) and b <= en <= data_len):
             raise ValueError(f"{path}: tensor {name!r}: data_offsets [{b}, {en}) outside the {data_len}-byte data")
         want = math.prod(shape) * DTYPES[dtype].itemsize
         if en - b != want:
             raise ValueError(f"{path}: tensor {name!r}: {en - b} bytes for {dtype} {tuple(shape)} ({want} expected)")
         tensors[name] = TensorInfo(name, dtype, tuple(shape), data_start + b, data_start + en)
+    # as safetensors: the tensors tile the data section, in offset order, with no gap, no
+    # overlap and nothing after the last
+    end = data_start
+    for t in sorted(tensors.values(), key=lambda t: (t.begin, t.end)):
+        if t.begin != end:
+            how = "overlaps the tensor before it" if t.begin < end else f"leaves {t.begin - end} bytes unused before it"
+            raise ValueError(
+                f"{path}: tensor {t.name!r}: data_offsets [{t.begin - data_start}, {t.end - data_start}) {how} "
+                "(the tensors must tile the data section)"
+            )
+        end = t.end
+    if end != size:
+        raise ValueError(
+            f"{path}: the tensors cover {end - data_start} of the {data_len} data bytes "
+            "(the tensors must tile the data section)"
+        )
     return Header(path, size, data_start, tensors, metadata)
+
+
+def _count(x) -> bool:
+    """A JSON count: an int >= 0 (not a bool, which Python counts as an int)."""
+    return type(x) is int and x >= 0
 
 
 def read_metadata(path) -> dict | None:

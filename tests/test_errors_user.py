@@ -413,3 +413,58 @@ def test_errno_classes_are_made_once_and_pickle():
         y = pickle.loads(pickle.dumps(x))
         assert type(y) is type(x) and str(y) == str(x)
         assert (y.errno, y.filename, y.offset, y.length, y.what) == (x.errno, x.filename, x.offset, x.length, x.what)
+
+
+_BAD_MEMORY = r"""
+import ctypes, errno, os, sys
+import phoenix.io as pio
+import phoenix.settings as ps
+
+path, engine, case = sys.argv[1], sys.argv[2], sys.argv[3]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+n = 3 * 4096
+a = libc.mmap(None, n, 3, 0x22, -1, 0)  # PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS
+if case == "hole":
+    libc.munmap(a + 4096, 4096)
+elif case == "read-only":
+    libc.mprotect(a, n, 1)
+elif case == "registered-then-unmapped":
+    pio.register((a, n))
+    libc.munmap(a, n)
+with ps.override(engine=engine), pio.open(path, "r+") as f:
+    for op, boff in (("read", 1), ("read", 3), ("write", 1), ("write", 3)):
+        if case == "read-only" and op == "write":
+            continue  # readable: a write from it is fine
+        try:
+            got = f.read((a, n), n - boff - 1, 0, boff) if op == "read" else f.write((a, n), n - boff - 1, 0, boff)
+            print(op, boff, "COUNT", got)
+        except OSError as e:
+            print(op, boff, "ERRNO", e.errno, e)
+print("DONE")
+"""
+
+
+@pytest.mark.parametrize("case", ["hole", "read-only", "registered-then-unmapped"])
+def test_host_memory_the_process_cannot_use_is_efault_not_a_crash(tmp_path, engine, case):
+    """A raw (ptr, nbytes) buffer with a page missing in its middle, one mapped read-only
+    (a read into it), or a registered range unmapped since: the staged copy between the
+    bounce slot and it (an offset misaligned for O_DIRECT) is EFAULT naming the file and
+    extent, not a crash of the process (in a subprocess: a crash must not take the tests)."""
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(4 << 20))
+    script = tmp_path / "bad_memory.py"
+    script.write_text(_BAD_MEMORY)
+    p = subprocess.run(
+        [sys.executable, str(script), str(path), engine, case],
+        env={**os.environ, "PHX_VENDOR": "host"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0 and "DONE" in p.stdout, f"rc {p.returncode}\n{p.stdout}\n{p.stderr}"
+    lines = [ln for ln in p.stdout.splitlines() if "ERRNO" in ln or "COUNT" in ln]
+    assert lines and all(f"ERRNO {errno.EFAULT}" in ln and f"{path}, offset 0, length" in ln for ln in lines), p.stdout

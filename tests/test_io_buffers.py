@@ -157,6 +157,34 @@ def test_register_refcount_and_overlaps(rt, clean_registrations):
         rt.device_free(base)
 
 
+def test_deregister_drops_only_its_own_registrations(rt, clean_registrations):
+    """phoenix.deregister of a range libphxfile registered (phxFileBufRegister) is refused
+    and leaves it registered (it once removed it, and libphxfile's close then removed
+    phoenix's own registration made at that base since)."""
+    from phoenix import phxfile
+
+    lib = phxfile.load()
+    buf = np.zeros(1 << 20, np.uint8)
+    assert lib.phxFileBufRegister(buf.ctypes.data, buf.nbytes) == 0
+    try:
+        with pytest.raises(RegistrationError, match="not registered with phoenix.register"):
+            pio.deregister(buf)
+        assert pio.stats()["registrations"] == 1  # libphxfile's is still there
+    finally:
+        assert lib.phxFileBufDeregister(buf.ctypes.data) == 0
+    assert pio.stats()["registrations"] == 0
+
+
+def test_registering_memory_that_is_not_there_is_refused(rt, clean_registrations):
+    import mmap
+
+    m = mmap.mmap(-1, 1 << 20)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    m.close()  # unmapped: the address is no memory now
+    with pytest.raises(RegistrationError, match="not accessible memory"):
+        pio.register((addr, 1 << 20))
+
+
 def test_registered_object_is_kept_alive(rt, clean_registrations):
     ba = bytearray(4096)
     pio.register(ba)

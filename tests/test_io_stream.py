@@ -293,3 +293,31 @@ def test_dropped_stream_op_keeps_its_buffer(rt, stream, tmp_path):
     rt.stream_synchronize(stream)
     del fns
     np.testing.assert_array_equal(out, data)
+
+
+def test_a_timeout_past_int64_nanoseconds_waits_without_end(rt, stream, tmp_path):
+    """result(timeout=1e30) of an op its stream has not reached yet waits for it (an int64
+    once took 1e30 s as 0 ns: a TimeoutError at once); NaN and non-numbers are refused,
+    naming timeout; a short timeout still times out."""
+    path = tmp_path / "wait.bin"
+    data = rand(4096, 9)
+    data.tofile(path)
+    out = np.full(4096, POISON, np.uint8)
+    flag = ctypes.c_int64(0)
+    fns = HostFns(rt)
+    fns.gate(stream, flag)  # the stream waits here until flag is set
+    with pio.open(path, "r") as f:
+        op = f.read_async(out, stream=stream)
+        with pytest.raises(TimeoutError):
+            op.result(timeout=0.05)
+        with pytest.raises(ValueError, match="timeout=nan"):
+            op.result(timeout=float("nan"))
+        with pytest.raises(TypeError, match="timeout must be a number"):
+            op.result(timeout="1")
+        threading.Timer(0.3, lambda: setattr(flag, "value", 1)).start()
+        for big in (1e30, 2**64 / 1e9, float("inf")):
+            assert op.result(timeout=big) == 4096
+        np.testing.assert_array_equal(out, data)
+        fut = f.pread(np.empty(4096, np.uint8))
+        assert fut.result(timeout=1e30) == 4096
+    assert pio.fmap_wait(timeout=1e30)

@@ -225,6 +225,41 @@ def test_bad_files(tmp_path):
         phxloader.read_header(p)
 
 
+def _raw(p, hdr, data_len: int, raw_header: bytes | None = None):
+    head = raw_header if raw_header is not None else json.dumps(hdr).encode()
+    p.write_bytes(struct.pack("<Q", len(head)) + head + b"\0" * data_len)
+
+
+def _t(dtype, shape, b, e):
+    return {"dtype": dtype, "shape": shape, "data_offsets": [b, e]}
+
+
+@pytest.mark.parametrize(
+    "case,hdr,data_len,match",
+    [
+        ("overlap", {"a": _t("U8", [4], 0, 4), "b": _t("U8", [4], 2, 6)}, 6, "overlaps the tensor before it"),
+        ("gap", {"a": _t("U8", [2], 0, 2), "b": _t("U8", [2], 4, 6)}, 6, "leaves 2 bytes unused"),
+        ("trailing", {"a": _t("U8", [2], 0, 2)}, 4, "cover 2 of the 4 data bytes"),
+        ("bool offsets", {"a": {"dtype": "U8", "shape": [1], "data_offsets": [False, True]}}, 1, "data_offsets"),
+        ("bool shape", {"a": _t("U8", [True], 0, 1)}, 1, "bad shape"),
+        ("float offsets", {"a": {"dtype": "U8", "shape": [2], "data_offsets": [0.0, 2.0]}}, 2, "data_offsets"),
+        ("dimension past 2**63", {"a": _t("U8", [0, 2**64], 0, 0)}, 0, "bad shape"),
+        ("no array", {"a": _t("U8", [0, 2**62, 2**62], 0, 0)}, 0, "is no array"),
+        ("65 dimensions", {"a": _t("U8", [1] * 65, 0, 1)}, 1, "is no array"),
+        ("nested too deeply", None, 0, "nested too deeply"),
+    ],
+)
+def test_headers_safetensors_refuses_are_refused(tmp_path, case, hdr, data_len, match):
+    """What safetensors itself refuses (tensors that overlap, leave gaps or bytes after
+    them; bools or floats for integers; dimensions no array has; a header nested past the
+    JSON parser's depth) is a ValueError naming the file, before anything is read."""
+    p = tmp_path / "bad.safetensors"
+    _raw(p, hdr, data_len, b"[" * 100000 + b"]" * 100000 if hdr is None else None)
+    with pytest.raises(ValueError, match=match) as ei:
+        phxloader.read_header(p)
+    assert str(p) in str(ei.value)
+
+
 def test_file_shrinking_under_the_loader_is_an_error(tmp_path, monkeypatch):
     p = tmp_path / "s.safetensors"
     phxloader.save_file({"a": np.arange(100_000, dtype=np.float32)}, p)

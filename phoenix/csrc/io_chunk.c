@@ -31,6 +31,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 /* ---- requests: completion ------------------------------------------------------------ */
@@ -270,6 +271,41 @@ static void sub_issue(struct io_worker *w, struct io_sub *s)
     w->ring_inflight++;
 }
 
+/* Copy between a bounce slot and the caller's host memory by the kernel (process_vm_writev
+ * / readv on this process): a page of the caller's that is missing or may not be written
+ * makes it EFAULT here, not a crash of the worker (a buffer is probed at submission only
+ * at its ends; a registration not at all). memcpy where those calls are refused. */
+static int user_copy(char *user, char *slot, uint64_t n, int to_user)
+{
+    static _Atomic int refused;
+    uint64_t done = 0;
+    if (!atomic_load_explicit(&refused, memory_order_relaxed)) {
+        pid_t self = getpid();
+        while (done < n) {
+            size_t part = n - done > (1ull << 30) ? (size_t)1 << 30 : (size_t)(n - done);
+            struct iovec local = {slot + done, part}, remote = {user + done, part};
+            ssize_t k = to_user ? process_vm_writev(self, &local, 1, &remote, 1, 0)
+                                : process_vm_readv(self, &local, 1, &remote, 1, 0);
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k < 0 && (errno == ENOSYS || errno == EPERM)) {
+                atomic_store_explicit(&refused, 1, memory_order_relaxed);
+                break;
+            }
+            if (k <= 0)
+                return -EFAULT; /* (a short copy stops before the page that faults) */
+            done += (uint64_t)k;
+        }
+    }
+    if (done < n) {
+        if (to_user)
+            memcpy(user + done, slot + done, n - done);
+        else
+            memcpy(slot + done, user + done, n - done);
+    }
+    return 0;
+}
+
 /* All of a chunk's file I/O is done: copy out of the slot where needed, finish. */
 static void chunk_io_done(struct io_worker *w, struct io_chunk *ch)
 {
@@ -292,8 +328,10 @@ static void chunk_io_done(struct io_worker *w, struct io_chunk *ch)
     w->owned--;
     w->owned_bytes -= ch->len;
     if (ch->path == CH_STAGED_CPU) {
-        if (r->op == PHX_OP_READ && !err && got)
-            memcpy(ch->user, ch->slot + ch->slot_off, got);
+        if (r->op == PHX_OP_READ && !err && got && user_copy(ch->user, ch->slot + ch->slot_off, got, 1) < 0) {
+            ch->got = 0;
+            ch->err = EFAULT;
+        }
     } else if (ch->path == CH_STAGED_DEV && r->op == PHX_OP_READ && !err && got) {
         if (w->in_reap) {
             /* reaped from the ring: its copy is queued after the reap and the admission of
@@ -407,7 +445,10 @@ void chunk_start(struct io_worker *w, struct io_chunk *ch)
         s->fell_back = 0;
     }
     if (r->op == PHX_OP_WRITE && ch->path == CH_STAGED_CPU) {
-        memcpy(ch->slot + ch->slot_off, ch->user, ch->len);
+        if (user_copy(ch->user, ch->slot + ch->slot_off, ch->len, 0) < 0) {
+            chunk_fail(w, ch, EFAULT);
+            return;
+        }
     } else if (r->op == PHX_OP_WRITE && ch->path == CH_STAGED_DEV) {
         int rc = dev_copy_to_slot(w, ch);
         if (rc < 0)
