@@ -83,8 +83,11 @@ class _Desc(ctypes.Structure):
         ("mode", ctypes.c_int32),
         ("after", ctypes.c_void_p),  # phx_fence *: the caller's stream point to wait for
         ("priority", ctypes.c_int32),  # enum phx_priority: 0 normal, 1 background
-        ("reserved", ctypes.c_int32),
+        ("flags", ctypes.c_int32),  # PHX_IO_OWNED_MEMORY: host memory of an object held (memcpy)
     ]
+
+
+PHX_IO_OWNED_MEMORY = 1
 
 
 class _FileInfo(ctypes.Structure):

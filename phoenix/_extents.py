@@ -16,7 +16,7 @@ import threading
 from . import buffers as _buffers
 from . import checks as _checks
 from . import streams as _streams
-from ._abi import _P, _lib, _RegInfo, _strerror
+from ._abi import _P, PHX_IO_OWNED_MEMORY, _lib, _RegInfo, _strerror
 from ._engine import _runtime
 from .errors import PhxIOError, RegistrationError, extent_error
 
@@ -25,6 +25,12 @@ from .errors import PhxIOError, RegistrationError, extent_error
 
 class _Resolved:
     __slots__ = ("buf", "addr", "size", "foff", "mem", "device", "why")
+
+    @property
+    def owned(self) -> int:
+        """PHX_IO_OWNED_MEMORY when the memory is a Python object's (held by ``buf``): the
+        core copies into it with memcpy; 0 for a raw (ptr, nbytes) pair (a checked copy)."""
+        return PHX_IO_OWNED_MEMORY if self.buf is not None and self.buf.source != "raw" else 0
 
     def release(self):
         if self.buf is not None:

@@ -423,6 +423,7 @@ class PhxFile:
             descs["op"], descs["mem"], descs["device"], descs["mode"] = op, r.mem, r.device, MODE[s.mode]
             descs["after"] = fences.after(e, explicit, self.path, int(fo[lo_i]), what) or 0
             descs["priority"] = prio
+            descs["flags"] = r.owned if r.owned and e.owned else 0  # (both ends: one object)
             handles = np.zeros(n, np.uint64)
             h = self._enter()
             try:
@@ -496,6 +497,7 @@ class PhxFile:
             try:
                 d = _Desc(h, r.addr, r.size, file_offset, op, r.mem, r.device, MODE[s.mode])
                 d.priority = prio
+                d.flags = r.owned
                 sop = _P()
                 on = _streams.caller_stream(r.buf, r.mem, explicit) or 0
                 rc = _lib.phx_stream_io(engine.handle, ctypes.byref(d), on, None, ctypes.byref(sop))
@@ -641,6 +643,7 @@ def _submit_on(engine, s, reqs, what_default, want_futures, stream):
             d.op, d.mem, d.device, d.mode = opcode, r.mem, r.device, mode
             d.after = after
             d.priority = prio
+            d.flags = r.owned
             bufs[i] = r.buf if r.buf is not None else _NOTHING
             meta[i] = (f, file_offset, r.size, what)
             pend.append(i)

@@ -271,15 +271,17 @@ static void sub_issue(struct io_worker *w, struct io_sub *s)
     w->ring_inflight++;
 }
 
-/* Copy between a bounce slot and the caller's host memory by the kernel (process_vm_writev
- * / readv on this process): a page of the caller's that is missing or may not be written
- * makes it EFAULT here, not a crash of the worker (a buffer is probed at submission only
- * at its ends; a registration not at all). memcpy where those calls are refused. */
-static int user_copy(char *user, char *slot, uint64_t n, int to_user)
+/* Copy between a bounce slot and the caller's host memory. Memory of an object the caller
+ * holds (owned: PHX_IO_OWNED_MEMORY) is copied with memcpy; a raw pointer's by the kernel
+ * (process_vm_writev / readv on this process), so that a page of it that is missing or
+ * may not be written is EFAULT here, not a crash of the worker (a raw buffer is probed at
+ * submission only at its ends; a registration not at all). memcpy where those calls are
+ * refused. */
+static int user_copy(char *user, char *slot, uint64_t n, int to_user, int owned)
 {
     static _Atomic int refused;
     uint64_t done = 0;
-    if (!atomic_load_explicit(&refused, memory_order_relaxed)) {
+    if (!owned && !atomic_load_explicit(&refused, memory_order_relaxed)) {
         pid_t self = getpid();
         while (done < n) {
             size_t part = n - done > (1ull << 30) ? (size_t)1 << 30 : (size_t)(n - done);
@@ -328,7 +330,7 @@ static void chunk_io_done(struct io_worker *w, struct io_chunk *ch)
     w->owned--;
     w->owned_bytes -= ch->len;
     if (ch->path == CH_STAGED_CPU) {
-        if (r->op == PHX_OP_READ && !err && got && user_copy(ch->user, ch->slot + ch->slot_off, got, 1) < 0) {
+        if (r->op == PHX_OP_READ && !err && got && user_copy(ch->user, ch->slot + ch->slot_off, got, 1, r->owned_mem) < 0) {
             ch->got = 0;
             ch->err = EFAULT;
         }
@@ -445,7 +447,7 @@ void chunk_start(struct io_worker *w, struct io_chunk *ch)
         s->fell_back = 0;
     }
     if (r->op == PHX_OP_WRITE && ch->path == CH_STAGED_CPU) {
-        if (user_copy(ch->user, ch->slot + ch->slot_off, ch->len, 0) < 0) {
+        if (user_copy(ch->user, ch->slot + ch->slot_off, ch->len, 0, r->owned_mem) < 0) {
             chunk_fail(w, ch, EFAULT);
             return;
         }

@@ -178,6 +178,7 @@ static phx_req *req_alloc(phx_ctx *ctx, const struct phx_io_desc *d, const struc
     r->cached = L->fp.resident && !L->fhit;
     r->internal = internal;
     r->prio = d->priority == PHX_PRIO_BACKGROUND;
+    r->owned_mem = (d->flags & PHX_IO_OWNED_MEMORY) != 0;
     atomic_init(&r->refs, want_handle ? 2 : 1);
     atomic_init(&r->eof_at, INT64_MAX);
     return r;

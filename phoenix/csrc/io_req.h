@@ -64,6 +64,7 @@ struct phx_req {
     int cached;             /* a staged read of page-cache data (fmap probe): slots capped */
     int internal;           /* a stream op's own request: never waits for the bounce pool */
     int prio;               /* enum phx_priority: which queue its chunks go to */
+    int owned_mem;          /* PHX_IO_OWNED_MEMORY: CPU copies with memcpy (user_copy) */
     char *addr;
     int64_t foff;
     uint64_t size;

@@ -189,8 +189,13 @@ struct phx_io_desc {
     phx_fence *after;     /* NULL, or: touch the memory only after this point of the
                            * caller's stream (phx_fence_record) */
     int32_t priority;     /* enum phx_priority (0: normal) */
-    int32_t reserved;     /* 0 */
+    int32_t flags;        /* PHX_IO_OWNED_MEMORY, or 0 */
 };
+/* phx_io_desc.flags: the host memory is an object the caller holds (mapped, and writable for
+ * a read): the core's CPU copies into and out of it are plain memcpy. Without it (a raw
+ * pointer) they go through the kernel's checked copy: a page missing or read-only is EFAULT,
+ * not a crash. */
+#define PHX_IO_OWNED_MEMORY 1
 
 typedef struct phx_req phx_req;
 
