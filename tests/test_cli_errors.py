@@ -148,6 +148,20 @@ def test_bad_options_are_refused_in_one_line(argv, names):
     assert p.stdout == ""  # no empty table
 
 
+@pytest.mark.parametrize(
+    "argv,names",
+    [
+        (["--ops", "randread", "--qd", "99999999999999"], ["--qd 99999999999999", "between 1 and 4096"]),
+        (["--ops", "randread", "--size", "1M", "--random-bs", "2M"], ["--random-bs 2097152", "larger than --size"]),
+        (["--ops", "randread", "--random-bs", "4097"], ["--random-bs 4097", "multiple of 4096"]),
+    ],
+)
+def test_options_that_cannot_work_together_are_refused_before_any_work(tmp_path, argv, names):
+    p = _run_cmd(PHX + ["bench", "--file", str(tmp_path / "b.bin"), "--reps", "1", "--quiet", *argv])
+    assert_one_line(p, "phx bench", *names)
+    assert not (tmp_path / "b.bin").exists()
+
+
 def test_unknown_option_and_command():
     p = _run_cmd(PHX + ["bench", "--no-such-option"])
     assert_one_line(p, "phx", "unrecognized arguments", "--no-such-option")
@@ -203,6 +217,20 @@ def test_kv_trace_mistakes(tmp_path):
     assert_one_line(p, "phx bench kv-trace", "'nosuch'", "PHX_VENDOR")
     p = _run_cmd(PHX + ["bench", "kv-trace", "--trace", str(tmp_path / "none.jsonl")])
     assert_one_line(p, "phx bench kv-trace", "--trace", "no such file", "kv-trace gen")
+    bad = {
+        "int.jsonl": ("5\n", "a record is a JSON object"),
+        "noin.jsonl": ('{"session":"a","round":0}\n', "no input_tokens"),
+        "inf.jsonl": ('{"session":"a","round":0,"input_tokens":100,"think_s":Infinity}\n' * 2, "think_s=inf"),
+        "dir": (None, "is a directory"),
+    }
+    for name, (text, words) in bad.items():
+        path = tmp_path / name
+        if text is None:
+            path.mkdir()
+        else:
+            path.write_text(text)
+        p = _run_cmd(PHX + ["bench", "kv-trace", "--dry-run", "--slab", str(tmp_path / "s"), "--trace", str(path)])
+        assert_one_line(p, "phx bench kv-trace", str(path), words)
 
 
 @pytest.mark.parametrize(
@@ -216,6 +244,10 @@ def test_kv_trace_mistakes(tmp_path):
         (["--kvikio-task", "0"], ["--kvikio-task", "more than 0"]),
         (["--fast-device", "lots"], ["--fast-device", "'lots'", "not a size"]),
         (["--duration", "5", "--max-duration", "2"], ["--max-duration 2", "shorter than --duration 5"]),
+        (["--hbm", "1e30"], ["--hbm", "more than the 4194304 a tier indexes"]),
+        (["--ssd", "1000T"], ["--ssd", "more than the 4194304 a tier indexes"]),
+        (["--seed", "-1"], ["--seed", "at least 0"]),
+        (["--hidden", "-5"], ["--hidden", "at least 0"]),
     ],
 )
 def test_kv_trace_bad_option_values(tmp_path, extra, names):

@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from phoenix.cli._run import comma_list, positive_int, positive_size, vendor_runtime
-from phoenix.phxloader import ALIGN, DEFAULT_CHUNK, DEFAULT_DEPTH, DTYPES, load_file, save_file
+from phoenix.phxloader import ALIGN, DEFAULT_CHUNK, DEFAULT_DEPTH, DTYPES, load_file, read_header, save_file
 from phoenix.settings import get as settings
 from phoenix.settings import override
 
@@ -550,6 +550,8 @@ def placement(args) -> tuple[str | None, str, int]:
     it needs), refused before any device is set up where it cannot work."""
     name = args.file or DEFAULT_NAME
     if os.sep in name or (os.altsep and os.altsep in name):
+        if os.path.isdir(name):
+            raise IsADirectoryError(errno.EISDIR, f"{name}: is a directory; give a .safetensors file")
         if not os.path.isfile(name):
             raise FileNotFoundError(
                 errno.ENOENT,
@@ -610,12 +612,15 @@ def main(args) -> int:
     else:
         if args.make and not os.path.exists(args.file):
             make_bench_file(args.file, args.make)
+        if os.path.isdir(args.file):
+            raise IsADirectoryError(errno.EISDIR, f"{args.file}: is a directory; give a .safetensors file")
         if not os.path.isfile(args.file):
             raise FileNotFoundError(
                 errno.ENOENT,
                 f"{args.file}: no such file; give a .safetensors file, or --make SIZE "
                 "(e.g. --make 1G) to write one there first",
             )
+        read_header(args.file)  # a file that is no safetensors is refused before any timing
         res = bench(args.file, device, args.reps, **opts)
     if args.json:
         with open(args.json, "w") as f:

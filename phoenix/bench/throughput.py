@@ -696,6 +696,14 @@ def main(args) -> int:
         args.phoenix_sweep = bool(fast)
     if args.phoenix_sweep and not args.raw_sweep:
         raise ValueError("--phoenix-sweep compares each side's best: it needs --raw-sweep too")
+    if "randread" in args.ops:
+        if not 1 <= args.qd <= 4096:
+            raise ValueError(f"--qd {args.qd}: random reads in flight must be between 1 and 4096")
+        for bs in args.random_bs:
+            if bs % 4096:
+                raise ValueError(f"--random-bs {bs}: random reads are O_DIRECT, a multiple of 4096 bytes (4K, 64K, 1M)")
+            if bs > args.size:
+                raise ValueError(f"--random-bs {bs} is larger than --size {args.size}: no read fits in the file")
     try:
         if fast:
             from . import fastdev

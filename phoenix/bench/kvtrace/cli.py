@@ -90,7 +90,7 @@ def _factor(text: str) -> float:
 
 def _trace_args(p) -> None:
     p.add_argument("--sessions", type=positive_int, default=64, help="sessions to generate (default 64)")
-    p.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="trace seed (default 0)")
 
 
 def add_parser(sub) -> None:
@@ -174,7 +174,7 @@ def add_parser(sub) -> None:
     g.add_argument("--kv-heads", type=positive_int, default=8)
     g.add_argument("--head-dim", type=positive_int, default=128)
     g.add_argument("--q-heads", type=positive_int, default=32)
-    g.add_argument("--hidden", type=int, default=0, help="hidden size (default q-heads x head-dim)")
+    g.add_argument("--hidden", type=nonnegative_int, default=0, help="hidden size (default q-heads x head-dim)")
     g.add_argument("--ffn", type=positive_int, default=14336, help="FFN intermediate size (default 14336)")
     g.add_argument("--dtype", default="fp16", choices=list(DTYPE_BYTES))
     t = p.add_argument_group("tiers")
@@ -487,6 +487,8 @@ def _title(records: list[dict], what: str) -> str:
 
 
 def main(args) -> int:
+    if args.trace and os.path.isdir(args.trace):
+        raise IsADirectoryError(errno.EISDIR, f"--trace {args.trace}: is a directory; give a trace file")
     if args.trace and not os.path.isfile(args.trace):
         raise FileNotFoundError(
             errno.ENOENT,

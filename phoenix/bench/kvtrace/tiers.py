@@ -98,6 +98,9 @@ class Counts:
             setattr(self, k, getattr(self, k) + v)
 
 
+MAX_SLOTS = 1 << 22  #: blocks a tier indexes at most (its free list is a Python list)
+
+
 class KVCache:
     """HBM (vendor device memory), DRAM (vendor pinned host memory), SSD (slab files).
 
@@ -109,6 +112,12 @@ class KVCache:
         self.rt, self.backend, self.args = rt, backend, args
         self.block_bytes = args.block_tokens * geo.bytes_per_token
         bb = self.block_bytes
+        for opt, cap in (("--hbm", args.hbm), ("--dram", args.dram), ("--ssd", args.ssd)):
+            if cap // bb > MAX_SLOTS:
+                raise ValueError(
+                    f"{opt} {cap} holds {cap // bb} blocks of {bb} bytes, more than the {MAX_SLOTS} a tier "
+                    "indexes: give a smaller capacity or larger blocks (--block-tokens)"
+                )
         self.hbm = Tier("hbm", args.hbm // bb)
         self.dram = Tier("dram", args.dram // bb)
         self.ssd = Tier("ssd", args.ssd // bb, reserved=history_blocks)

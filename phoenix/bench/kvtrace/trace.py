@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 from dataclasses import dataclass, field
 
@@ -112,6 +113,8 @@ def write_trace(trace: Trace, path: str) -> None:
 def read_trace(path: str) -> Trace:
     """Read a trace file (JSON lines as written by :func:`write_trace`, or one JSON document
     ``{"format": ..., "rounds": [...]}``/a list of round records). Checks every round."""
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: is a directory, not a trace file")
     with open(path) as fh:
         text = fh.read()
     params: dict = {}
@@ -121,14 +124,16 @@ def read_trace(path: str) -> Trace:
     if stripped.startswith("[") or (stripped.startswith("{") and "\n{" not in stripped.strip()):
         try:
             doc = json.loads(text)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             doc = None
-    if doc is not None:
-        if isinstance(doc, dict):
-            params = doc.get("params", {})
-            records = doc.get("rounds", [])
-        else:
-            records = doc
+    if isinstance(doc, dict) and ("rounds" in doc or "params" in doc):
+        params = doc.get("params", {})
+        records = doc.get("rounds", [])
+    elif isinstance(doc, dict):  # one record of JSON lines
+        records = [doc] if doc.get("format") != FORMAT else []
+        params = doc.get("params", {}) if doc.get("format") == FORMAT else {}
+    elif doc is not None:
+        records = doc
     else:
         for i, line in enumerate(text.splitlines()):
             if not line.strip():
@@ -137,14 +142,20 @@ def read_trace(path: str) -> Trace:
                 rec = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{i + 1}: not JSON: {exc}") from None
+            if not isinstance(rec, dict):
+                raise ValueError(f"{path}:{i + 1}: a record is a JSON object, not {type(rec).__name__}")
             if rec.get("format") == FORMAT:
                 if rec.get("version", VERSION) > VERSION:
                     raise ValueError(f"{path}: trace version {rec['version']} is newer than this reader ({VERSION})")
                 params = rec.get("params", {})
             else:
                 records.append(rec)
+    if not isinstance(params, dict) or not isinstance(records, list):
+        raise ValueError(f"{path}: params must be a JSON object and rounds a list")
     sessions: dict[str, list] = {}
     for i, rec in enumerate(records):
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path}: record {i}: a JSON object, not {type(rec).__name__}")
         try:
             sid = str(rec["session"])
             sessions.setdefault(sid, []).append(
@@ -158,15 +169,23 @@ def read_trace(path: str) -> Trace:
         rounds: list[Round] = []
         for r, rec in recs:
             carried = rounds[-1].input_tokens + rounds[-1].output_tokens if rounds else 0
-            c = int(rec["input_tokens"])
-            p = int(rec.get("prefix_tokens", min(carried, c)))
-            o = int(rec.get("output_tokens", 0))
+            try:
+                c = int(rec["input_tokens"])
+                p = int(rec.get("prefix_tokens", min(carried, c)))
+                o = int(rec.get("output_tokens", 0))
+                think = float(rec.get("think_s", 0.0))
+            except KeyError as exc:
+                raise ValueError(f"{path}: session {sid} round {r}: no {exc.args[0]}") from None
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise ValueError(f"{path}: session {sid} round {r}: {exc}") from None
+            if not (0 <= think < 1e9):
+                raise ValueError(f"{path}: session {sid} round {r}: think_s={think} must be in [0, 1e9) seconds")
             if not (0 <= p <= c) or p > carried or o < 0:
                 raise ValueError(
                     f"{path}: session {sid} round {r}: prefix_tokens={p} must be within [0, input_tokens={c}] "
                     f"and at most the previous context {carried}; output_tokens={o} >= 0"
                 )
-            rounds.append(Round(float(rec.get("think_s", 0.0)), c, p, o))
+            rounds.append(Round(think, c, p, o))
         out.append(Session(sid, rounds))
     return Trace(out, params)
 
