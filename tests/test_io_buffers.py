@@ -172,6 +172,7 @@ def test_deregister_drops_only_its_own_registrations(rt, clean_registrations):
         assert pio.stats()["registrations"] == 1  # libphxfile's is still there
     finally:
         assert lib.phxFileBufDeregister(buf.ctypes.data) == 0
+        assert lib.phxFileDriverClose() == 0  # (its context: BufRegister opened the driver)
     assert pio.stats()["registrations"] == 0
 
 
