@@ -29,6 +29,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import ctypes
+import operator
 import os
 import threading
 
@@ -530,7 +531,13 @@ class CudaLikeRuntime(PointerQueries, VendorRuntime):
             self.rt.raise_for(f"{self.prefix}{call}", self.invalid_value)
 
     def _refuse_zero(self, call: str, size: int) -> None:
-        if size <= 0:  # CUDA's Malloc(0) succeeds with NULL; the contract says zero is an error
+        # CUDA's Malloc(0) succeeds with NULL; the contract says zero is an error. A size
+        # past 2**63-1 would wrap in the size_t the runtime takes (and be recorded unwrapped).
+        try:
+            n = operator.index(size)
+        except TypeError:
+            n = 0
+        if isinstance(size, bool) or n <= 0 or n > (1 << 63) - 1:
             self.rt.raise_for(f"{self.prefix}{call}", self.invalid_value)
 
     def _live_stream(self, call: str, stream: int) -> ctypes.c_void_p:

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import fractions
 import inspect
-import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -486,7 +486,12 @@ def parse_size(text: str | int) -> int:
         if s.endswith(suffix):
             s, mult = s[:-1], m
             break
-    value = float(s) * mult
-    if not math.isfinite(value) or value < 0 or value != int(value):
+    if "/" in s or "_" in s:
+        raise ValueError(f"bad size {text!r}")
+    try:
+        value = fractions.Fraction(s) * mult  # exact: no float rounding past 2**53
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"bad size {text!r}") from None
+    if value < 0 or value.denominator != 1:
         raise ValueError(f"bad size {text!r}")
     return int(value)

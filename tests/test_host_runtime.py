@@ -538,6 +538,19 @@ def test_pinned_host_memory(rt, rng):
         rt.host_alloc_pinned(0)
 
 
+def test_sizes_past_2_63_are_refused_not_wrapped(rt):
+    """A size the runtime's size_t would wrap (2**64 + 4096 allocated 4096 bytes and was
+    recorded as 2**64 + 4096: extents past the allocation then passed the checks) is refused,
+    as are 0, negatives and bools."""
+
+    for size in (2**64 + 4096, 2**63, 0, -1, True):
+        for call in (rt.device_alloc, rt.host_alloc_pinned):
+            with pytest.raises(VendorError):
+                call(size)
+    ptr = rt.device_alloc(np.int64(4096))  # a NumPy integer is an integer
+    rt.device_free(ptr)
+
+
 def test_host_registration(rt):
     buf = np.zeros(1 * MiB, np.uint8)
     base = addr(buf)

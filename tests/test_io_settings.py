@@ -76,6 +76,27 @@ def test_sizes_past_2_63_are_refused_not_wrapped(monkeypatch, name):
     assert var in str(ei.value)
 
 
+def test_sizes_are_parsed_exactly():
+    """Sizes past 2**53 are the integers written (a float once rounded them: 2**63-1 became
+    2**63 and was refused, 2**53+1 became 2**53); fractions of a byte are refused."""
+    from phoenix.vendor import parse_size
+
+    for text, want in (
+        ("9007199254740993", 2**53 + 1),
+        ("9223372036854775807", 2**63 - 1),
+        ("18446744073709551617", 2**64 + 1),
+        ("1.5K", 1536),
+        ("64KiB", 65536),
+        ("1e3", 1000),
+    ):
+        assert parse_size(text) == want, text
+    for bad in ("0.5", "1/2", "-1", "nan", "inf", "1_000", "abc"):
+        with pytest.raises(ValueError, match="bad size"):
+            parse_size(bad)
+    with ps.override(inflight="9223372036854775807"):
+        assert ps.get().inflight == 2**63 - 1
+
+
 def test_a_bounce_pool_larger_than_memory_is_refused():
     ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     with pytest.raises(ValueError, match="more than this machine's memory"):

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -321,3 +324,53 @@ def test_a_timeout_past_int64_nanoseconds_waits_without_end(rt, stream, tmp_path
         fut = f.pread(np.empty(4096, np.uint8))
         assert fut.result(timeout=1e30) == 4096
     assert pio.fmap_wait(timeout=1e30)
+
+
+def test_an_op_of_more_chunks_than_a_count_holds_is_refused(rt, stream, tmp_path):
+    """phx_stream_io with a staged op of 2**32 +- k chunks (a 64-bit count once cut to an int:
+    0 chunks and a count of 0 with no error, or a negative count and a heap overflow) is
+    refused with EINVAL before anything moves, as phx_submit refuses it; run in a
+    subprocess (a heap overflow must not take the tests)."""
+    script = tmp_path / "huge_op.py"
+    script.write_text(
+        """import ctypes, sys
+import numpy as np
+import phoenix.io as pio
+import phoenix.settings as ps
+from phoenix._abi import _Desc, _P, _Sizes, _lib, MODE, OP_WRITE
+from phoenix.registry import get_runtime
+rt = get_runtime("host")
+pio.use_runtime(rt)
+with ps.override(mode="staged"):
+    f = pio.open(sys.argv[1], "w")
+    with pio._using_engine() as e:
+        sz = _Sizes()
+        _lib.phx_ctx_sizes(e.handle, ctypes.byref(sz))
+        info = f.info()
+        A = info["dio_offset_align"] if info["direct"] else 4096
+        C = -(-sz.staged_chunk // A) * A
+        dev = rt.device_alloc(4 * C)
+        s = rt.stream_create()
+        for k in (0, 1, -1, -2):
+            desc = _Desc(f._h, dev, (2**32 + k) * C, 0, OP_WRITE, 1, 0, MODE["staged"])
+            done, sop = ctypes.c_int64(-999), _P()
+            rc = _lib.phx_stream_io(e.handle, ctypes.byref(desc), s, ctypes.byref(done), ctypes.byref(sop))
+            print("RC", k, rc, done.value)
+        rt.stream_synchronize(s)
+        rt.stream_destroy(s)
+        rt.device_free(dev)
+    f.close()
+print("DONE")
+"""
+    )
+    p = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "out.bin")],
+        env={**os.environ, "PHX_VENDOR": "host"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0 and "DONE" in p.stdout, f"rc {p.returncode}\n{p.stdout}\n{p.stderr}"
+    rcs = [ln.split() for ln in p.stdout.splitlines() if ln.startswith("RC")]
+    assert len(rcs) == 4 and all(int(r[2]) == -errno.EINVAL for r in rcs), p.stdout
+    assert (tmp_path / "out.bin").stat().st_size == 0

@@ -278,7 +278,10 @@ int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64
     if (staged) {
         uint64_t first = align_down((uint64_t)d->file_offset, C);
         uint64_t last = align_down((uint64_t)d->file_offset + size - 1, C);
-        nch = (int)((last - first) / C + 1);
+        uint64_t n = (last - first) / C + 1;
+        if (n > IO_MAX_CHUNKS)
+            return -EINVAL; /* (an int count; no such op fits in memory anyway) */
+        nch = (int)n;
     }
     phx_sop *s = calloc(1, sizeof(*s) + (size_t)nch * sizeof(struct sop_chunk));
     if (!s)
@@ -321,7 +324,8 @@ int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64
         s->slot_bytes = C + 2 * A;
         uint64_t per = pool_round(s->slot_bytes);
         int nslots = nch < SOP_MAX_SLOTS ? nch : SOP_MAX_SLOTS;
-        int fit = (int)(ctx->pool.limit / per);
+        uint64_t q = ctx->pool.limit / per;
+        int fit = q > INT32_MAX ? INT32_MAX : (int)q;
         if (nslots > fit)
             nslots = fit < 1 ? 1 : fit;
         if ((rc = pool_alloc_many(&ctx->pool, nslots, s->slot_bytes, s->slots)) < 0)
