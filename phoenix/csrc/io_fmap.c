@@ -151,6 +151,8 @@ int fmap_plan(phx_ctx *ctx, phx_file *f, const struct phx_io_desc *d, struct fma
         return 0; /* all past the end of the file: the staged path says so */
     uint64_t W = m->window;
     int64_t first = d->file_offset / (int64_t)W, last = (eff - 1) / (int64_t)W;
+    if (last - first + 1 > (int64_t)IO_MAX_CHUNKS)
+        return 0; /* more windows than an int counts: the staged path */
     int n = (int)(last - first + 1);
     struct io_fwin *stack[8], **wins = n <= 8 ? stack : malloc((size_t)n * sizeof(*wins));
     if (!wins)
@@ -410,7 +412,7 @@ int phx_fmap_wait(phx_ctx *ctx, int64_t timeout_ns)
     if (!ctx)
         return -EINVAL;
     struct io_fmap *m = &ctx->fmap;
-    int64_t deadline = timeout_ns >= 0 ? io_now_ns() + timeout_ns : 0;
+    int64_t deadline = timeout_ns >= 0 ? io_deadline_ns(timeout_ns) : 0;
     int rc = 0;
     pthread_mutex_lock(&m->mu);
     while (m->q_head || m->busy || m->release) {

@@ -175,7 +175,7 @@ void phx_req_release(phx_req *r)
 
 int phx_req_wait_all(phx_req **reqs, uint32_t n, int64_t *results, int64_t timeout_ns)
 {
-    int64_t deadline = timeout_ns >= 0 ? io_now_ns() + timeout_ns : 0;
+    int64_t deadline = timeout_ns >= 0 ? io_deadline_ns(timeout_ns) : 0;
     for (uint32_t i = 0; i < n; i++) {
         if (!reqs[i]) {
             if (results)

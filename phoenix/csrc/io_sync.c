@@ -29,6 +29,12 @@ int64_t io_now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
 }
 
+int64_t io_deadline_ns(int64_t timeout_ns)
+{
+    int64_t now = io_now_ns();
+    return timeout_ns > INT64_MAX - now ? INT64_MAX : now + timeout_ns;
+}
+
 struct timespec io_realtime_in(int64_t ns)
 {
     struct timespec ts;
@@ -47,7 +53,7 @@ int io_flag_is_set(const _Atomic uint32_t *word)
 /* Wait until the flag is set. */
 int io_wait_flag(_Atomic uint32_t *word, int64_t timeout_ns)
 {
-    int64_t deadline = timeout_ns >= 0 ? io_now_ns() + timeout_ns : 0;
+    int64_t deadline = timeout_ns >= 0 ? io_deadline_ns(timeout_ns) : 0;
     for (;;) {
         uint32_t v = atomic_load_explicit(word, memory_order_acquire);
         if (v == FLAG_SET)

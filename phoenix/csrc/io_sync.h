@@ -24,6 +24,8 @@ int io_flag_is_set(const _Atomic uint32_t *word);
 void io_set_flag(_Atomic uint32_t *word);
 /* CLOCK_MONOTONIC in nanoseconds. */
 int64_t io_now_ns(void);
+/* io_now_ns() + timeout_ns (>= 0), saturated at INT64_MAX (no signed overflow). */
+int64_t io_deadline_ns(int64_t timeout_ns);
 /* The CLOCK_REALTIME time `ns` from now: a deadline for pthread_cond_timedwait (the
  * core's condition variables wait on CLOCK_REALTIME). */
 struct timespec io_realtime_in(int64_t ns);
