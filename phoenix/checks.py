@@ -108,29 +108,18 @@ def extent_arrays(file_offsets, sizes, buf_offsets, path, what: str):
             raise ArgumentError(
                 _errno.EINVAL, path, int(fo[k]), int(sz[k]), f"{what}: extent {k}", reason=f"negative {name}"
             )
-    past = np.flatnonzero(fo > I64_MAX - sz)  # (no int64 overflow: both are >= 0)
-    if past.size:
-        k = int(past[0])
-        raise ArgumentError(
-            _errno.EINVAL,
-            path,
-            int(fo[k]),
-            int(sz[k]),
-            f"{what}: extent {k}",
-            reason="the extent ends past 2**63-1, the largest file offset",
-        )
-    # the buffer's end of each extent too: bo + sz is computed in int64 by the callers
-    past = np.flatnonzero(bo > I64_MAX - sz)
-    if past.size:
-        k = int(past[0])
-        raise ArgumentError(
-            _errno.EINVAL,
-            path,
-            int(fo[k]),
-            int(sz[k]),
-            f"{what}: extent {k}",
-            reason=f"buffer offset {int(bo[k])} + size {int(sz[k])} passes 2**63-1: no buffer holds it",
-        )
+    # each extent's end in the file and in the buffer: bo + sz is computed in int64 by the
+    # callers (no int64 overflow here: both are >= 0)
+    for starts in (fo, bo):
+        past = np.flatnonzero(starts > I64_MAX - sz)
+        if past.size:
+            k = int(past[0])
+            reason = (
+                "the extent ends past 2**63-1, the largest file offset"
+                if starts is fo
+                else f"buffer offset {int(bo[k])} + size {int(sz[k])} passes 2**63-1: no buffer holds it"
+            )
+            raise ArgumentError(_errno.EINVAL, path, int(fo[k]), int(sz[k]), f"{what}: extent {k}", reason=reason)
     return fo, sz, bo
 
 
