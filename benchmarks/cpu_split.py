@@ -154,7 +154,7 @@ def main() -> int:
     ap.add_argument(
         "--copy-completion",
         default="auto",
-        help="copy_completion settings to run each point with, alternating (auto,callback: polled events against callbacks)",
+        help="copy_completion settings to run each point with, alternating (auto,callback: polled events against callbacks; auto,steps: writes looked at at their predicted ends against doubled steps)",
     )
     ap.add_argument("--json")
     args = ap.parse_args()

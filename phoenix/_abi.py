@@ -44,6 +44,7 @@ class _Config(ctypes.Structure):
 CFG_CPU_COPIES = 1  # PHX_CFG_CPU_COPIES: the vendor's copies are CPU copies (test doubles)
 CFG_NO_FIXED_BUFFERS = 2  # PHX_CFG_NO_FIXED_BUFFERS: the rings do not register the bounce pool
 CFG_CALLBACKS = 4  # PHX_CFG_CALLBACKS: copies' completions by host callbacks, never by polling events
+CFG_POLL_STEPS = 8  # PHX_CFG_POLL_STEPS: polled, in doubled steps, not at writes' predicted ends
 
 
 class _FmapInfo(ctypes.Structure):

@@ -19,7 +19,18 @@ import weakref
 
 from . import registry as _registry
 from . import settings as _settings
-from ._abi import _P, CFG_CALLBACKS, CFG_CPU_COPIES, CFG_NO_FIXED_BUFFERS, ENGINE, ENGINE_NAME, FMAP_MODE, _Config, _lib
+from ._abi import (
+    _P,
+    CFG_CALLBACKS,
+    CFG_CPU_COPIES,
+    CFG_NO_FIXED_BUFFERS,
+    CFG_POLL_STEPS,
+    ENGINE,
+    ENGINE_NAME,
+    FMAP_MODE,
+    _Config,
+    _lib,
+)
 from ._futures import _prune_stream_ops
 from .errors import PhxIOError
 
@@ -63,6 +74,7 @@ def make_config(s: _settings.Settings, runtime=None) -> _Config:
     flags = CFG_CPU_COPIES if runtime is not None and getattr(runtime, "is_test_double", False) else 0
     flags |= 0 if s.fixed_buffers else CFG_NO_FIXED_BUFFERS
     flags |= CFG_CALLBACKS if s.copy_completion == "callback" else 0
+    flags |= CFG_POLL_STEPS if s.copy_completion == "steps" else 0
     return _Config(
         s.threads,
         s.queue_depth,

@@ -95,6 +95,9 @@ setting                  environment                   default    meaning
                                                                   ``event_query``; else, and with ``callback``, a
                                                                   host callback on the copy stream (each costs the
                                                                   runtime's callback thread tens of microseconds).
+                                                                  A staged write's copy is looked at at its
+                                                                  predicted end; ``steps``: after 20, 40, ... us
+                                                                  (a comparison).
 =======================  ============================  =========  =====================================================
 
 Per file, ``phoenix.io.open(..., direct=None|True|False)`` chooses O_DIRECT (None: where the
@@ -132,7 +135,7 @@ from .vendor import parse_size
 MODES = ("auto", "staged", "direct")
 ENGINES = ("auto", "io_uring", "threads")
 FMAP_MODES = ("auto", "off", "sync")
-COPY_COMPLETIONS = ("auto", "callback")
+COPY_COMPLETIONS = ("auto", "callback", "steps")
 
 #: setting name -> environment variable
 ENV = {

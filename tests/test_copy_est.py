@@ -266,16 +266,12 @@ def test_copies_that_change_speed_are_followed(lib, mib, before, after):
 
 
 @settings(max_examples=40, deadline=None)
-@given(MIB, TOOK, st.integers(200_000, 5_000_000), st.integers(1, 4), st.booleans(), st.integers(0, 2**32))
-def test_copies_that_wait_for_the_caller_do_not_slow_the_others(lib, mib, took, wait, fifths, flagged, seed):
-    """A share of the batches, in random order, first wait for the caller's stream: 1/5 to
-    4/5 of them flagged fenced (as fence_order_copy reports), or 1/5 to 2/5 not flagged (a
-    minority of slow copies): after a warm-up, the batches that did not wait are seen on
-    average within an eighth of their time and two poll steps of their ends when the waits
-    are flagged; unflagged (slow copies the worker cannot tell from others), within their
-    own time more."""
-    if not flagged:
-        fifths = min(fifths, 2)
+@given(MIB, TOOK, st.integers(200_000, 5_000_000), st.integers(1, 4), st.integers(0, 2**32))
+def test_copies_that_wait_for_the_caller_do_not_slow_the_others(lib, mib, took, wait, fifths, seed):
+    """1/5 to 4/5 of the batches, in random order, first wait for the caller's stream, flagged
+    fenced as fence_order_copy reports: after a warm-up, the batches that did not wait are
+    seen on average within an eighth of their time and two poll steps of their ends (a wait
+    is not a copy's time). (Copies really slower are followed: the speed-change test.)"""
     nbytes = mib << 20
     n = 160
     fences = [wait] * (n * fifths // 5) + [0] * (n - n * fifths // 5)
@@ -283,12 +279,11 @@ def test_copies_that_wait_for_the_caller_do_not_slow_the_others(lib, mib, took, 
     w = Worker(lib)
     out = []
     for i, fence in enumerate(fences):
-        c = w.queue(0, nbytes, took, fence=fence, fenced=bool(fence) and flagged)
+        c = w.queue(0, nbytes, took, fence=fence, fenced=bool(fence))
         w.drain()
         if i >= 32 and not fence:
             out.append(c.seen - c.ends)
-    bound = took / 7 + 3 * POLL_NS + (0 if flagged else took)
-    assert sum(out) / len(out) <= bound, f"mean {sum(out) / len(out) / 1e3:.0f} us late"
+    assert sum(out) / len(out) <= took / 7 + 3 * POLL_NS, f"mean {sum(out) / len(out) / 1e3:.0f} us late"
 
 
 @settings(max_examples=40, deadline=None)

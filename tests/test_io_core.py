@@ -409,11 +409,12 @@ def test_staged_io_on_registered_buffers(rt, dev, tmp_path, fixed):
         pytest.fail("io_uring on a 5.19+ kernel, yet no staged I/O used a registered buffer")
 
 
-@pytest.mark.parametrize("completion", ["auto", "callback"])
+@pytest.mark.parametrize("completion", ["auto", "callback", "steps"])
 def test_staged_copies_complete_by_polled_events(rt, dev, tmp_path, completion):
     """io_uring: a worker learns that its staged copies are done by polling an event it
     records after them (the host vendor has event_query), or by host callbacks with
-    copy_completion=callback; reads and writes of many chunks round-trip either way."""
+    copy_completion=callback (with steps: polled, writes looked at in doubled steps, not at their
+    predicted ends); reads and writes of many chunks round-trip each way."""
     n = (4 << 20) + 4096 * 3 + 11
     data = rand(n, 22)
     d = dev(n)

@@ -287,7 +287,7 @@ int dev_copy_to_slot(struct io_worker *w, struct io_chunk *ch)
     void *stream = queue_dev_copy(w, ch, 0, &fenced);
     if (!stream)
         return -EIO;
-    if (w->poll && done_queue(w, ch->req->device, stream, 1, ch, ch->len, fenced) == 0)
+    if (w->poll && done_queue(w, ch->req->device, stream, 1, ch, w->predict ? ch->len : 0, fenced) == 0)
         return 0; /* poll_copies issues the write */
     if (dp->launch_host_func(stream, cb_write_filled, ch) != dp->success)
         return dp->stream_synchronize(stream) == dp->success ? 1 : -EIO;

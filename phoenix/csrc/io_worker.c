@@ -559,6 +559,7 @@ static void *worker_main(void *arg)
         w->poll = rc == 0 && ctx->has_dp && phx_dp_can_poll(&ctx->dp) && ring_can_time_wait(&w->ring) &&
                   !(ctx->cfg.flags & PHX_CFG_CALLBACKS);
         w->poll_ns = IO_POLL_NS;
+        w->predict = !(ctx->cfg.flags & PHX_CFG_POLL_STEPS);
         done_init(w);
     }
     pthread_mutex_lock(&ss->mu);

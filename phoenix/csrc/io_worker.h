@@ -74,6 +74,7 @@ struct io_worker {
     int64_t poll_ns; /* the next wait's bound while batches are polled */
     int done_writes; /* ... of which writes (their file I/O waits for the poll) */
     struct copy_est est; /* when the oldest batch is predicted done (copy_due_ns) */
+    int predict;         /* writes' copies predicted (0: copy_completion=steps) */
     struct io_done done[IO_DONE_EVENTS];
     struct io_done *done_head, *done_tail, *done_free;
     uint64_t fence_waited[IO_MAX_DEVICES]; /* id of the fence streams[d] last waited for */

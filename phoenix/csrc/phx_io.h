@@ -75,6 +75,9 @@ enum {
     /* The io_uring workers learn that their device copies are done from host callbacks,
      * even where the vendor's events can be polled (setting copy_completion=callback). */
     PHX_CFG_CALLBACKS = 4,
+    /* Polling workers look at their staged writes' copies in steps doubled from 20 us, not
+     * at their predicted ends (setting copy_completion=steps; a comparison). */
+    PHX_CFG_POLL_STEPS = 8,
 };
 
 enum phx_fmap_mode {
