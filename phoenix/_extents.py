@@ -23,14 +23,24 @@ from .errors import PhxIOError, RegistrationError, extent_error
 # ---- buffer resolution --------------------------------------------------------------------
 
 
+class OwnedPair(tuple):
+    """A ``(ptr, nbytes)`` pair of host memory its maker holds for the call (phoenix's own
+    loaders: an array they made): copied into with memcpy, as a Python object's memory is,
+    not through the kernel's checked copy that a raw pair gets."""
+
+    __slots__ = ()
+
+
 class _Resolved:
-    __slots__ = ("buf", "addr", "size", "foff", "mem", "device", "why")
+    __slots__ = ("buf", "addr", "size", "foff", "mem", "device", "why", "held")
 
     @property
     def owned(self) -> int:
-        """PHX_IO_OWNED_MEMORY when the memory is a Python object's (held by ``buf``): the
-        core copies into it with memcpy; 0 for a raw (ptr, nbytes) pair (a checked copy)."""
-        return PHX_IO_OWNED_MEMORY if self.buf is not None and self.buf.source != "raw" else 0
+        """PHX_IO_OWNED_MEMORY when the memory is a Python object's (held by ``buf``) or an
+        OwnedPair's: the core copies into it with memcpy; 0 for a raw (ptr, nbytes) pair (a
+        checked copy)."""
+        held = self.held or (self.buf is not None and self.buf.source != "raw")
+        return PHX_IO_OWNED_MEMORY if held else 0
 
     def release(self):
         if self.buf is not None:
@@ -45,8 +55,9 @@ def _resolve(runtime, obj, size, buf_offset, writable, path, file_offset, what, 
     size, file_offset, buf_offset = _checks.extent(size, file_offset, buf_offset, path, what)
     r = _Resolved()
     r.foff = file_offset
+    r.held = type(obj) is OwnedPair
     if (
-        type(obj) is tuple
+        (type(obj) is tuple or r.held)
         and len(obj) == 2
         and type(obj[0]) is int
         and type(obj[1]) is int
@@ -274,10 +285,10 @@ def deregister(buf) -> None:
             if not kept:  # (not one of this module's: libphxfile's are removed there)
                 raise RegistrationError(f"[{b.addr:#x}, +{b.nbytes}) is not registered with phoenix.register")
             rc = _lib.phx_reg_remove(b.addr)
-            if rc < 0:
-                raise RegistrationError(f"[{b.addr:#x}, +{b.nbytes}) is not registered")
-            kept.pop().release()
+            kept.pop().release()  # (also when the core's entry went another way: not kept pinned)
             if not kept:
                 del _registered[b.addr]
+            if rc < 0:
+                raise RegistrationError(f"[{b.addr:#x}, +{b.nbytes}) is not registered")
     finally:
         b.release()

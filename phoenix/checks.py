@@ -167,7 +167,10 @@ def timeout_ns(timeout, what: str) -> int:
         return -1
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) and not hasattr(timeout, "__float__"):
         raise TypeError(f"{what}: timeout must be a number of seconds or None (wait without end), got {timeout!r}")
-    t = float(timeout)
+    try:
+        t = float(timeout)
+    except OverflowError:  # an int past a float's range: longer than any wait
+        return -1
     if math.isnan(t):
         raise ValueError(f"{what}: timeout=nan: give a number of seconds, or None to wait without end")
     if t <= 0:

@@ -452,6 +452,7 @@ def load(
     import importlib
 
     pio = importlib.import_module("phoenix.io")
+    OwnedPair = importlib.import_module("phoenix._extents").OwnedPair
     from .errors import PhxIOError
 
     if isinstance(paths, (str, os.PathLike)):
@@ -520,7 +521,8 @@ def load(
                 f = files.get(fi)
                 if f is None:
                     f = files[fi] = pio.open(h.path, "r")
-                reqs.append((f, (addr, t.nbytes), t.nbytes, t.begin, 0, "read"))
+                # (the sink holds obj in dst: its memory is copied into with memcpy)
+                reqs.append((f, OwnedPair((addr, t.nbytes)), t.nbytes, t.begin, 0, "read"))
                 meta.append((h.path, t.begin, t.nbytes))
                 group_bytes += t.nbytes
                 if group_bytes >= chunk:

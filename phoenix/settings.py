@@ -266,7 +266,9 @@ def _check(name: str, value, source: str):
             n = int(value.strip(), 0)  # 9, 0x9
         else:
             n = parse_size(value) if isinstance(value, str) else int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError) as exc:
+        if "past 2**63-1" in str(exc):
+            raise ValueError(f"{source}: {name}={value} is past 2**63-1 bytes") from None
         raise ValueError(f"{source}: {name}={value!r} is not an integer or a size (4096, 64K, 16M, 2G)") from None
     if name == "threads" and not 1 <= n <= 1024:
         raise ValueError(f"{source}: threads={n} must be between 1 and 1024")
@@ -300,9 +302,10 @@ I64_MAX = (1 << 63) - 1
 def _physical_memory() -> int:
     """Bytes of RAM (sysconf), or 2**63-1 where it cannot be read."""
     try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        n = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, AttributeError):
         return I64_MAX
+    return n if n > 0 else I64_MAX  # (-1: indeterminate)
 
 
 _lock = threading.Lock()

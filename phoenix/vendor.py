@@ -486,12 +486,13 @@ def parse_size(text: str | int) -> int:
         if s.endswith(suffix):
             s, mult = s[:-1], m
             break
-    if "/" in s or "_" in s:
-        raise ValueError(f"bad size {text!r}")
-    try:
-        value = fractions.Fraction(s) * mult  # exact: no float rounding past 2**53
-    except (ValueError, ZeroDivisionError):
-        raise ValueError(f"bad size {text!r}") from None
-    if value < 0 or value.denominator != 1:
-        raise ValueError(f"bad size {text!r}")
+    s = s.replace("_", "")  # 1_000 (as float() took it)
+    m = re.fullmatch(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:E([+-]?[0-9]+))?", s)
+    if not m or (m.group(1) and abs(int(m.group(1))) > 30):
+        raise ValueError(f"bad size {text!r}")  # (an exponent past 30: no size, and 10**N is slow to make)
+    value = fractions.Fraction(s) * mult  # exact: no float rounding past 2**53
+    if value.denominator != 1:
+        raise ValueError(f"bad size {text!r}: not a whole number of bytes")
+    if value > (1 << 63) - 1:
+        raise ValueError(f"bad size {text!r}: past 2**63-1 bytes")
     return int(value)

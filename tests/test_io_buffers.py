@@ -186,6 +186,26 @@ def test_registering_memory_that_is_not_there_is_refused(rt, clean_registrations
         pio.register((addr, 1 << 20))
 
 
+def test_owned_pairs_and_objects_are_copied_with_memcpy_raw_pairs_are_checked(rt):
+    """Which host memory the core copies into with memcpy (PHX_IO_OWNED_MEMORY): a Python
+    object's, and an OwnedPair (phoenix's loaders, for arrays they hold); a raw pair goes
+    through the kernel's checked copy."""
+    from phoenix._abi import PHX_IO_OWNED_MEMORY
+    from phoenix._extents import OwnedPair, _resolve
+
+    a = np.zeros(8192, np.uint8)
+    for obj, want in (
+        (a, PHX_IO_OWNED_MEMORY),
+        (OwnedPair((a.ctypes.data, 8192)), PHX_IO_OWNED_MEMORY),
+        ((a.ctypes.data, 8192), 0),
+    ):
+        r = _resolve(None, obj, 4096, 7, True, "x", 0, "read")
+        try:
+            assert r.owned == want, type(obj)
+        finally:
+            r.release()
+
+
 def test_registered_object_is_kept_alive(rt, clean_registrations):
     ba = bytearray(4096)
     pio.register(ba)

@@ -33,6 +33,7 @@ int pool_init(struct io_pool *p, struct phx_ctx *ctx, uint64_t limit, uint64_t m
     p->ctx = ctx;
     p->dp = dp;
     max_slot = pool_round(max_slot);
+    limit = pool_round(limit); /* whole units: a segment rounded up to them must fit it */
     /* a segment is a whole number of the largest slots (~64 MiB), so that no segment
      * wastes the tail a big slot does not fit in */
     uint64_t k = (64ull << 20) / max_slot;
