@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -353,3 +354,50 @@ def test_a_stream_read_after_an_external_truncation_moves_nothing(rt, tmp_path, 
             assert (back == 0xC3).all(), f"{int((back != 0xC3).sum())} device bytes changed by a read of an empty file"
     finally:
         rt.device_free(dev)
+
+
+@pytest.mark.parametrize("engine_name", ["io_uring", "threads"])
+def test_a_growing_write_never_shows_a_hole_to_a_reader(tmp_path, engine_name):
+    """A write of one chunk that grows the file (an unaligned head, the O_DIRECT body, an
+    unaligned tail) lands in order: a reader meanwhile sees the old end or the new bytes,
+    never zeros inside its count (the tail once set the new end before the body landed).
+    Appends of 98,760 bytes at unaligned offsets, the file staying under one chunk."""
+    path = tmp_path / "grow.bin"
+    words0 = 512
+    (np.arange(words0, dtype=np.uint64) << np.uint64(20)).tofile(path)
+    end = [words0 * 8]
+    stop = threading.Event()
+    bad: list = []
+    reads = [0]
+
+    def writer():
+        with ps.override(engine=engine_name, chunk_size="64M"), pio.open(path, "r+") as f:
+            while end[0] < (12 << 20):
+                w0 = end[0] // 8
+                pat = ((np.arange(w0, w0 + 12345, dtype=np.uint64) << np.uint64(20)) | np.uint64(1)).view(np.uint8)
+                assert f.write(pat, pat.size, w0 * 8) == pat.size
+                end[0] += pat.size
+        stop.set()
+
+    def reader():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while not stop.is_set():
+                fo = max(0, end[0] - 65536) // 8 * 8
+                data = os.pread(fd, 1 << 20, fo)
+                c = len(data) // 8
+                got = np.frombuffer(data[: c * 8], np.uint64) >> np.uint64(20)
+                wrong = np.flatnonzero(got != np.arange(fo // 8, fo // 8 + c, dtype=np.uint64))
+                if wrong.size:
+                    bad.append((fo, len(data), int(fo + 8 * wrong[0])))
+                reads[0] += 1
+        finally:
+            os.close(fd)
+
+    threads = [threading.Thread(target=writer), threading.Thread(target=reader)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert reads[0] > 50, reads
+    assert not bad, f"{len(bad)} of {reads[0]} reads saw zeros inside their count: {bad[:3]}"

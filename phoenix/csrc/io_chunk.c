@@ -193,7 +193,22 @@ void sub_done(struct io_worker *w, struct io_sub *s, int64_t res)
         }
     }
     s->finished = 1;
-    if (--ch->subs_left == 0)
+    if (--ch->subs_left == 1 && ch->tail_held) {
+        /* a write's last piece goes once the others are done (chunk_issue_subs); not after
+         * a failed one (the chunk fails with its error; nothing is written past it) */
+        ch->tail_held = 0;
+        struct io_sub *t = &ch->sub[ch->nsub - 1];
+        int failed = 0;
+        for (int i = 0; i < ch->nsub - 1; i++)
+            failed |= ch->sub[i].err != 0;
+        if (!failed) {
+            sub_issue(w, t);
+            return;
+        }
+        t->finished = 1;
+        ch->subs_left = 0;
+    }
+    if (ch->subs_left == 0)
         chunk_io_done(w, ch);
 }
 
@@ -356,6 +371,13 @@ void chunk_issue_subs(struct io_worker *w, struct io_chunk *ch)
     int n = ch->nsub;
     int probe = ch->req->op == PHX_OP_READ;
     ch->subs_left = (uint8_t)n;
+    /* a write's pieces (a buffered head, the O_DIRECT body, a buffered tail) would run at
+     * once; a tail that grows the file could then set its new end before the body lands,
+     * and a reader meanwhile would see the body's range as a hole of zeros. The last piece
+     * goes after the others (sub_done), as one pwrite(2) grows a file in order. */
+    ch->tail_held = !probe && n > 1;
+    if (ch->tail_held)
+        n--;
     for (int i = 0; i < n; i++) {
         struct io_sub *s = &ch->sub[i];
         if (probe && s->direct && file_mostly_cached(ch->req->file, s->off, s->len)) {

@@ -47,6 +47,7 @@ struct io_chunk {
     uint64_t slot_bytes;
     uint32_t slot_off;     /* where foff lands in the slot */
     uint8_t path, nsub, subs_left;
+    uint8_t tail_held; /* a write's last sub waits for the others (chunk_issue_subs) */
     uint8_t busy;          /* counted in ctx normal_busy (1) or bg_busy (2) until it finishes */
     int err;
     uint64_t got;
