@@ -12,6 +12,7 @@ with EINVAL); both name the parameter, and the I/O errors the file, offset and l
 from __future__ import annotations
 
 import errno as _errno
+import math
 import operator
 import os
 
@@ -161,11 +162,9 @@ def timeout_ns(timeout, what: str) -> int:
     """A wait's ``timeout`` in seconds as the C core's nanoseconds: None, inf or one past
     2**63-1 ns (292 years) waits without end (-1); a negative one does not wait (0); NaN,
     bools and non-numbers are refused (an int64 would take 1e30 s as 0 ns: no wait)."""
-    import math
-
     if timeout is None:
         return -1
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) and not hasattr(timeout, "__float__"):
+    if isinstance(timeout, bool) or not hasattr(timeout, "__float__"):
         raise TypeError(f"{what}: timeout must be a number of seconds or None (wait without end), got {timeout!r}")
     try:
         t = float(timeout)

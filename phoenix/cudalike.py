@@ -33,6 +33,7 @@ import operator
 import os
 import threading
 
+from .checks import I64_MAX
 from .cudalike_pointers import (
     CUDA_MEMORY_TYPES,
     PointerAttributes,
@@ -537,7 +538,7 @@ class CudaLikeRuntime(PointerQueries, VendorRuntime):
             n = operator.index(size)
         except TypeError:
             n = 0
-        if isinstance(size, bool) or n <= 0 or n > (1 << 63) - 1:
+        if isinstance(size, bool) or n <= 0 or n > I64_MAX:
             self.rt.raise_for(f"{self.prefix}{call}", self.invalid_value)
 
     def _live_stream(self, call: str, stream: int) -> ctypes.c_void_p:

@@ -130,7 +130,8 @@ import os
 import threading
 from collections.abc import Iterator
 
-from .vendor import parse_size
+from .checks import I64_MAX
+from .vendor import SizeTooLarge, parse_size
 
 MODES = ("auto", "staged", "direct")
 ENGINES = ("auto", "io_uring", "threads")
@@ -266,9 +267,9 @@ def _check(name: str, value, source: str):
             n = int(value.strip(), 0)  # 9, 0x9
         else:
             n = parse_size(value) if isinstance(value, str) else int(value)
-    except (TypeError, ValueError) as exc:
-        if "past 2**63-1" in str(exc):
-            raise ValueError(f"{source}: {name}={value} is past 2**63-1 bytes") from None
+    except SizeTooLarge:
+        raise ValueError(f"{source}: {name}={value} is past 2**63-1 bytes") from None
+    except (TypeError, ValueError):
         raise ValueError(f"{source}: {name}={value!r} is not an integer or a size (4096, 64K, 16M, 2G)") from None
     if name == "threads" and not 1 <= n <= 1024:
         raise ValueError(f"{source}: threads={n} must be between 1 and 1024")
@@ -294,9 +295,6 @@ def _check(name: str, value, source: str):
             "the pool is pinned host memory; give at most that (auto: sized from threads and chunk size)"
         )
     return n
-
-
-I64_MAX = (1 << 63) - 1
 
 
 def _physical_memory() -> int:

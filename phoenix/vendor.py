@@ -29,6 +29,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from .checks import I64_MAX
 from .errors import VendorNotImplemented
 
 #: Version of the :class:`DataPathTable` layout; bumped on any change to it.
@@ -476,6 +477,10 @@ def env_int(name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r} is not an integer or size (e.g. 4, 64K, 16M, 2G)") from None
 
 
+class SizeTooLarge(ValueError):
+    """parse_size: a size past 2**63-1 bytes."""
+
+
 def parse_size(text: str | int) -> int:
     """Parse ``"16M"``, ``"2G"``, ``"4096"``, ``"64KiB"`` into bytes."""
     if isinstance(text, int):
@@ -493,6 +498,6 @@ def parse_size(text: str | int) -> int:
     value = fractions.Fraction(s) * mult  # exact: no float rounding past 2**53
     if value.denominator != 1:
         raise ValueError(f"bad size {text!r}: not a whole number of bytes")
-    if value > (1 << 63) - 1:
-        raise ValueError(f"bad size {text!r}: past 2**63-1 bytes")
+    if value > I64_MAX:
+        raise SizeTooLarge(f"bad size {text!r}: past 2**63-1 bytes")
     return int(value)

@@ -5,7 +5,7 @@ Test side. The header is pure arithmetic; it is built alone into a small library
 driven by a simulated worker that follows io_worker.c's poll_bound: with batches pending it
 sleeps for the prediction of its first pending batch per device (copy_est_due_heads), or,
 with nothing predicted, for poll_ns steps doubled from IO_POLL_NS (reset by a look that
-finds one done); with reads in flight and only reads' copies pending, for at least the
+finds one done); with reads in flight and only reads' copies pending, for the
 IO_POLL_MAX_NS backstop; and file I/O completions wake it early. Each look queries every
 pending batch in order (copy_est_missed / copy_est_seen, learning from the first done of
 each device). The model knows when each copy really ended, so it checks what the worker pays
@@ -144,6 +144,8 @@ class Worker:
     def bound(self, reads_in_flight: bool) -> int:
         if not self.pending:
             return 0
+        if reads_in_flight and not any(c.write for c in self.pending):
+            return POLL_MAX_NS  # the backstop: reads are not predicted
         due, probing = 0, ctypes.c_int(0)
         if self.predict:
             heads, devs = [], set()
@@ -155,8 +157,6 @@ class Worker:
             due = self.lib.est_due_heads(ctypes.byref(self.est), arr, len(heads), self.t, ctypes.byref(probing))
             assert due == 0 or LIMITS["MIN_NS"] <= due <= LIMITS["DUE_MAX_NS"], due
             assert due or not probing.value
-        if reads_in_flight and not any(c.write for c in self.pending) and not probing.value:
-            return max(due, POLL_MAX_NS)
         return due or self.poll_ns
 
     def look(self) -> list[Copy]:

@@ -55,7 +55,7 @@
  * doubled after each wait that found none done, up to IO_POLL_MAX_NS (slow copies). */
 #define IO_POLL_NS (20ll * 1000)
 #define IO_POLL_MAX_NS (320ll * 1000)
-/* ... but first until the oldest batch's predicted completion (io_copy_est.h). */
+/* (a staged write's copy is looked at first at its predicted end: io_copy_est.h) */
 #define IO_TIMER_SLACK_NS 1000ul /* a worker's timer slack (prctl PR_SET_TIMERSLACK) */
 /* Chunks of one request, at most (its counts are int: r->pending) */
 #define IO_MAX_CHUNKS 0x7fffffffull

@@ -154,8 +154,9 @@ static int done_queue(struct io_worker *w, int dev, void *stream, int write, str
     return 0;
 }
 
-int64_t copy_due_ns(struct io_worker *w, int64_t now, int *probing)
+int64_t copy_due_ns(struct io_worker *w, int64_t now)
 {
+    int probing; /* (a probe look is kept like any other here) */
     struct copy_batch *heads[IO_DONE_EVENTS];
     uint64_t devs = 0; /* devices whose first pending batch is in heads */
     int n = 0;
@@ -166,7 +167,7 @@ int64_t copy_due_ns(struct io_worker *w, int64_t now, int *probing)
             heads[n++] = &e->b;
         }
     }
-    return copy_est_due_heads(&w->est, heads, n, now, probing);
+    return copy_est_due_heads(&w->est, heads, n, now, &probing);
 }
 
 int poll_copies(struct io_worker *w)

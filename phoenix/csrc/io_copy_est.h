@@ -97,6 +97,19 @@ static inline int64_t copy_est_max(int64_t a, int64_t b)
     return a > b ? a : b;
 }
 
+/* When a batch's copy can have started: queued, or after the batch before it on its device
+ * ended, at the earliest (ended_ns), by the estimate (likely_ns), at the latest (seen_ns). */
+struct copy_starts {
+    int64_t lo, likely, hi;
+};
+
+static inline struct copy_starts copy_est_starts(const struct copy_est *c, const struct copy_batch *b)
+{
+    int d = b->dev;
+    return (struct copy_starts){copy_est_max(b->queued_ns, c->ended_ns[d]), copy_est_max(b->queued_ns, c->likely_ns[d]),
+                                copy_est_max(b->queued_ns, c->seen_ns[d])};
+}
+
 /* A look at now found the batch not done. */
 static inline void copy_est_missed(struct copy_batch *b, int64_t now)
 {
@@ -150,21 +163,19 @@ static inline void copy_est_learn(struct copy_est *c, const struct copy_batch *b
 static inline void copy_est_seen(struct copy_est *c, const struct copy_batch *b, int64_t now, int learn)
 {
     int d = b->dev;
-    int64_t lo_start = copy_est_max(b->queued_ns, c->ended_ns[d]);
-    int64_t likely_start = copy_est_max(b->queued_ns, c->likely_ns[d]);
-    int64_t hi_start = copy_est_max(b->queued_ns, c->seen_ns[d]);
-    if (learn && b->bytes >= IO_POLL_LEARN_BYTES && now > lo_start) {
-        double most = copy_est_ns_b(now - lo_start, b->bytes);
-        double least = b->miss_ns > hi_start ? copy_est_ns_b(b->miss_ns - hi_start, b->bytes) : 0;
+    struct copy_starts st = copy_est_starts(c, b);
+    if (learn && b->bytes >= IO_POLL_LEARN_BYTES && now > st.lo) {
+        double most = copy_est_ns_b(now - st.lo, b->bytes);
+        double least = b->miss_ns > st.hi ? copy_est_ns_b(b->miss_ns - st.hi, b->bytes) : 0;
         copy_est_learn(c, b, least, most);
     }
     if (b->probe)
         c->since = 0;
     else if (c->since < IO_POLL_PROBE_EVERY)
         c->since++;
-    int64_t ended = copy_est_max(b->miss_ns, lo_start);
+    int64_t ended = copy_est_max(b->miss_ns, st.lo);
     /* its predicted end, within [ended, now] (in double: no overflow) */
-    double end = (double)likely_start + (double)b->bytes * c->ns_b;
+    double end = (double)st.likely + (double)b->bytes * c->ns_b;
     int64_t likely = c->ns_b <= 0 || end <= (double)ended ? ended : end >= (double)now ? now : (int64_t)end;
     c->ended_ns[d] = copy_est_max(c->ended_ns[d], ended);
     c->likely_ns[d] = copy_est_max(c->likely_ns[d], likely);
@@ -184,10 +195,8 @@ static inline int64_t copy_est_due(const struct copy_est *c, struct copy_batch *
     double span = (double)b->bytes * c->ns_b; /* at most 2^64 x 1000 ns: no overflow in double */
     if (span < (double)IO_POLL_SHORT_NS)
         return 0;
-    int d = b->dev;
-    double lo = (double)copy_est_max(b->queued_ns, c->ended_ns[d]);
-    double likely = (double)copy_est_max(b->queued_ns, c->likely_ns[d]);
-    double hi = (double)copy_est_max(b->queued_ns, c->seen_ns[d]);
+    struct copy_starts st = copy_est_starts(c, b);
+    double lo = (double)st.lo, likely = (double)st.likely, hi = (double)st.hi;
     int probe = b->probe ? b->probe : c->chain ? c->chain : c->since >= IO_POLL_PROBE_EVERY;
     double probe_at = lo + (probe == 2 ? span / 2 : span * 7 / 8);
     if (!b->probe && probe && probe_at - (double)now > 0)

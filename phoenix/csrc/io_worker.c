@@ -421,20 +421,19 @@ static int flush_due(struct io_worker *w, int64_t *wait_ns)
     return 0;
 }
 
-/* The bound of a polling worker's wait (0: none): until the pending batches' earliest
- * predicted end (copy_due_ns), then poll_ns; or, with file I/O in flight, only reads'
- * copies pending and no one waiting for bounce slots (their completion frees some), the
- * later of that and IO_POLL_MAX_NS, a backstop: the file I/O's completions wake the worker
- * (fewer wakeups of many workers, which a device served by the CPU feels); but a probe
- * look (the estimate's check, one batch in IO_POLL_PROBE_EVERY) is kept. */
+/* The bound of a polling worker's wait (0: none): with file I/O in flight, only reads'
+ * copies pending (reads are not predicted: io_copy_est.h) and no one waiting for bounce
+ * slots (their completion frees some), IO_POLL_MAX_NS, a backstop: the file I/O's
+ * completions wake the worker (fewer wakeups of many workers, which a device served by the
+ * CPU feels); else until the pending batches' earliest predicted end (copy_due_ns), then
+ * poll_ns. */
 static int64_t poll_bound(struct io_worker *w)
 {
     if (!w->done_head)
         return 0;
-    int probing = 0;
-    int64_t due = copy_due_ns(w, io_now_ns(), &probing);
-    if (w->ring_inflight && !w->done_writes && !slots_awaited(w) && !probing)
-        return due > IO_POLL_MAX_NS ? due : IO_POLL_MAX_NS;
+    if (w->ring_inflight && !w->done_writes && !slots_awaited(w))
+        return IO_POLL_MAX_NS;
+    int64_t due = copy_due_ns(w, io_now_ns());
     return due ? due : w->poll_ns;
 }
 

@@ -73,7 +73,7 @@ struct io_worker {
     int poll;
     int64_t poll_ns; /* the next wait's bound while batches are polled */
     int done_writes; /* ... of which writes (their file I/O waits for the poll) */
-    struct copy_est est; /* when the oldest batch is predicted done (copy_due_ns) */
+    struct copy_est est; /* what its looks taught of its copies' speed (io_copy_est.h) */
     int predict;         /* writes' copies predicted (0: copy_completion=steps) */
     struct io_done done[IO_DONE_EVENTS];
     struct io_done *done_head, *done_tail, *done_free;
@@ -114,8 +114,8 @@ void flush_copies(struct io_worker *w);
 int poll_copies(struct io_worker *w);
 /* Polling: how long the worker may sleep before it looks at its pending batches again
  * (the earliest predicted end of each device's first one; 0: none predicted, poll_ns
- * decides). It may plan a probe look (io_copy_est.h); *probing: the sleep ends at one. */
-int64_t copy_due_ns(struct io_worker *w, int64_t now, int *probing);
+ * decides). It may plan a probe look (io_copy_est.h). */
+int64_t copy_due_ns(struct io_worker *w, int64_t now);
 /* Polling: set up the worker's entries (at its start) / destroy their events (at its end). */
 void done_init(struct io_worker *w);
 void done_fini(struct io_worker *w);

@@ -129,9 +129,8 @@ def read_trace(path: str) -> Trace:
     if isinstance(doc, dict) and ("rounds" in doc or "params" in doc):
         params = doc.get("params", {})
         records = doc.get("rounds", [])
-    elif isinstance(doc, dict):  # one record of JSON lines
-        records = [doc] if doc.get("format") != FORMAT else []
-        params = doc.get("params", {}) if doc.get("format") == FORMAT else {}
+    elif isinstance(doc, dict):  # one line of JSON lines: a record (a header alone: none)
+        records = [] if doc.get("format") == FORMAT else [doc]
     elif doc is not None:
         records = doc
     else:
