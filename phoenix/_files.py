@@ -527,7 +527,10 @@ class PhxFile:
         """Read ordered on ``stream`` (None: the caller's stream, found as for :meth:`read`):
         work queued on it before this call has finished when the read starts, work queued
         after sees the bytes. Returns a :class:`StreamIO` whose ``bytes_done`` is bound when
-        the stream gets there. ``priority`` as for :meth:`pwrite`."""
+        the stream gets there. ``priority`` as for :meth:`pwrite`. A staged op (device memory
+        the CPU cannot address) holds up to 4 bounce slots from this call until its stream
+        runs it: a call waits while ops queued behind busy streams hold the whole pool
+        (``PHX_BOUNCE_POOL_SIZE``), so size the pool for the ops you keep queued."""
         return self._stream(OP_READ, buf, size, file_offset, buf_offset, stream, priority)
 
     def write_async(
