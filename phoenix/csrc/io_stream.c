@@ -32,6 +32,7 @@
 #include "io_pool.h"
 #include "io_req.h"
 #include "io_sync.h"
+#include "io_worker.h" /* IO_MAX_DEVICES */
 
 #include <errno.h>
 #include <stdlib.h>
@@ -233,12 +234,8 @@ static int sop_abort(phx_sop *s, int err)
     return err;
 }
 
-int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64_t *bytes_done, phx_sop **out)
+static int stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64_t *bytes_done, phx_sop **out)
 {
-    if (!ctx || !d)
-        return -EINVAL;
-    if (!ctx->has_dp)
-        return -ENODEV; /* launch_host_func comes from the vendor */
     if (!d->file)
         return -EBADF;
     if ((d->op != PHX_OP_READ && d->op != PHX_OP_WRITE) || d->file_offset < 0 || d->mem < PHX_MEM_HOST ||
@@ -367,6 +364,30 @@ int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64
     if (out)
         *out = s;
     return 0;
+}
+
+/* Queue with the buffer's device current: the default stream (0, and the legacy default
+ * stream's aliases) is the current device's, and the runtime queues copies and callbacks
+ * (and sop_abort synchronizes) on the current device's streams. The caller's device is
+ * current again on return, on every path. A runtime without get_device (no events) gives
+ * no way to restore it: the op is queued as called. */
+int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64_t *bytes_done, phx_sop **out)
+{
+    if (!ctx || !d)
+        return -EINVAL;
+    if (!ctx->has_dp)
+        return -ENODEV; /* launch_host_func comes from the vendor */
+    const struct phx_dp_table *dp = &ctx->dp;
+    int want = d->mem == PHX_MEM_HOST ? -1 : d->device, prev = -1;
+    if (want >= IO_MAX_DEVICES)
+        return -EINVAL;
+    if (want < 0 || !dp->get_device || dp->get_device(&prev) != dp->success || prev == want)
+        return stream_io(ctx, d, stream, bytes_done, out);
+    if (dp->set_device(want) != dp->success)
+        return -EIO;
+    int rc = stream_io(ctx, d, stream, bytes_done, out);
+    dp->set_device(prev);
+    return rc;
 }
 
 int phx_sop_done(const phx_sop *s)
