@@ -307,7 +307,10 @@ class PhxFile:
         stream=None,
         priority: str = "normal",
     ) -> int:
-        """Blocking :meth:`pread`: the byte count (short at end of file)."""
+        """Blocking :meth:`pread`: the byte count (short at end of file). A :meth:`write_async`
+        of this file (any handle) issued before it on the range (or past it: it grows the
+        file) is waited for on the host, queued on its stream or not: the read returns what
+        it wrote."""
         return self.pread(buf, size, file_offset, buf_offset, stream=stream, priority=priority).result()
 
     def write(

@@ -69,6 +69,7 @@ struct phx_sop {
     _Atomic uint32_t direct_done;
     int64_t direct_result;
     int fmap_write; /* counted by fmap_write_begin (here, not in the callbacks: it may unregister) */
+    struct stream_write *listed; /* a write: what blocking calls on its range wait for */
     struct sop_chunk ch[];
 };
 
@@ -93,6 +94,7 @@ static void sop_complete(phx_sop *s, int64_t result)
         fmap_write_end(ctx, f);
     STAT_ADD(stream_ops, -1);
     io_set_flag(&s->state);
+    stream_write_end(s->listed); /* done, its bytes in the file: blocking calls go on */
     file_put(f);
     sop_unref(s);
     ctx_put(ctx);
@@ -227,6 +229,7 @@ static int sop_abort(phx_sop *s, int err)
         pool_free(&ctx->pool, s->slots[i], s->slot_bytes);
     if (s->fmap_write)
         fmap_write_end(ctx, s->file);
+    stream_write_end(s->listed);
     file_put(s->file);
     STAT_ADD(stream_ops, -1);
     free(s);
@@ -312,6 +315,9 @@ static int stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, in
         file_note_write(f, d->file_offset + (int64_t)size); /* after file_get: see file_put */
         s->fmap_write = 1; /* drops the windows it overlaps, in this (the caller's) thread */
         fmap_write_begin(ctx, f, d->file_offset, size);
+        /* a blocking call on its range issued after this one waits for it (phx_submit) */
+        if (!(s->listed = stream_write_begin(f, d->file_offset, size)))
+            return sop_abort(s, -ENOMEM);
     }
 
     if (!staged) {
