@@ -529,8 +529,10 @@ class PhxFile:
     ) -> StreamIO:
         """Read ordered on ``stream`` (None: the caller's stream, found as for :meth:`read`):
         work queued on it before this call has finished when the read starts, work queued
-        after sees the bytes. Returns a :class:`StreamIO` whose ``bytes_done`` is bound when
-        the stream gets there. ``priority`` as for :meth:`pwrite`."""
+        after sees the bytes. It reads the file as the stream finds it (a write queued
+        before it, through any handle, that grows the file is read), and leaves the buffer
+        past the bytes it read as it was. Returns a :class:`StreamIO` whose ``bytes_done``
+        is bound when the stream gets there. ``priority`` as for :meth:`pwrite`."""
         return self._stream(OP_READ, buf, size, file_offset, buf_offset, stream, priority)
 
     def write_async(

@@ -436,3 +436,56 @@ def test_a_blocking_write_lands_after_a_write_queued_before_it_on_its_stream(rt,
     want = first.copy()
     want[1000 : 1000 + n // 3] = second
     np.testing.assert_array_equal(np.frombuffer(path.read_bytes(), np.uint8), want)
+
+
+def test_a_read_sees_what_a_write_through_another_handle_queued_before_it(rt, engine, mode, stream, devmem, tmp_path):
+    """A write_async through one handle that grows the file, then a read_async through
+    another handle of more than the file will hold, both on one stream held behind other
+    work (the read is planned before the write ran): the read returns what the file holds
+    when the stream runs it, its count is the bytes it moved, and the destination past the
+    count keeps its bytes (a staged read was sized at submission, from the file's size
+    then: it stopped at the old end)."""
+    m, off, n, want = 50_000, 30_000, 200_000, 300_000
+    old, new = rand(m, 24), rand(n, 25)
+    path = tmp_path / "grow2.bin"
+    path.write_bytes(old.tobytes())
+    a = devmem(n)
+    rt.memcpy(a, new.ctypes.data, n, CopyKind.HOST_TO_DEVICE)
+    b = devmem(want + 64)
+    fns = HostFns(rt)
+    with ps.override(chunk_size="64K"), pio.open(path, "r+") as g, pio.open(path, "r") as f:
+        fns.sleep(stream, 100_000)
+        w = g.write_async((a, n), n, off, 0, stream)
+        r = f.read_async((b, want + 64), want, 0, 32, stream)
+        rt.stream_synchronize(stream)
+        assert (w.result(), r.result()) == (n, off + n)
+    del fns
+    got = dev_get(rt, b, want + 64)
+    np.testing.assert_array_equal(got[32 : 32 + off], old[:off])
+    np.testing.assert_array_equal(got[32 + off : 32 + off + n], new)
+    assert (got[:32] == POISON).all() and (got[32 + off + n :] == POISON).all(), "bytes past the count changed"
+
+
+def test_a_failed_read_past_the_files_end_at_submission_copies_nothing_stale(rt, engine, stream, devmem, tmp_path):
+    """The same growth, with a chunk of the read failing (EIO): the op's count is the error,
+    the chunks before the failed one hold the file's bytes, and the destination of the
+    failed chunk and of those after it keeps its bytes (no stale bounce bytes)."""
+    m, n, want, C = 10_000, 230_000, 300_000, 64 << 10
+    data = rand(n, 26)
+    path = tmp_path / "grow3.bin"
+    path.write_bytes(data[:m].tobytes())
+    a = devmem(n)
+    rt.memcpy(a, data.ctypes.data, n, CopyKind.HOST_TO_DEVICE)
+    b = devmem(want)
+    fns = HostFns(rt)
+    with ps.override(mode="staged", chunk_size="64K"), pio.open(path, "r+") as g, pio.open(path, "r") as f:
+        inject_fault(f, 2 * C + 100, 1, errno.EIO)
+        fns.sleep(stream, 50_000)
+        w = g.write_async((a, n), n, 0, 0, stream)
+        r = f.read_async((b, want), want, 0, 0, stream)
+        rt.stream_synchronize(stream)
+        assert (w.result(), r.bytes_done) == (n, -errno.EIO)
+    del fns
+    got = dev_get(rt, b, want)
+    np.testing.assert_array_equal(got[: 2 * C], data[: 2 * C])
+    assert (got[2 * C :] == POISON).all(), "a failed chunk or one after it changed the destination"
