@@ -307,7 +307,10 @@ class PhxFile:
         stream=None,
         priority: str = "normal",
     ) -> int:
-        """Blocking :meth:`pread`: the byte count (short at end of file)."""
+        """Blocking :meth:`pread`: the byte count (short at end of file). A :meth:`write_async`
+        of this file (any handle) issued before it on the range (or past it: it grows the
+        file) is waited for on the host, queued on its stream or not: the read returns what
+        it wrote."""
         return self.pread(buf, size, file_offset, buf_offset, stream=stream, priority=priority).result()
 
     def write(
@@ -526,11 +529,13 @@ class PhxFile:
     ) -> StreamIO:
         """Read ordered on ``stream`` (None: the caller's stream, found as for :meth:`read`):
         work queued on it before this call has finished when the read starts, work queued
-        after sees the bytes. Returns a :class:`StreamIO` whose ``bytes_done`` is bound when
-        the stream gets there. ``priority`` as for :meth:`pwrite`. A staged op (device memory
-        the CPU cannot address) holds up to 4 bounce slots from this call until its stream
-        runs it: a call waits while ops queued behind busy streams hold the whole pool
-        (``PHX_BOUNCE_POOL_SIZE``), so size the pool for the ops you keep queued."""
+        after sees the bytes. It reads the file as the stream finds it (a write queued
+        before it, through any handle, that grows the file is read), and leaves the buffer
+        past the bytes it read as it was. Returns a :class:`StreamIO` whose ``bytes_done``
+        is bound when the stream gets there. ``priority`` as for :meth:`pwrite`. A staged op
+        (device memory the CPU cannot address) holds its bounce slots from this call until
+        its stream runs it: a call waits while ops queued behind busy streams hold the whole
+        pool (``PHX_BOUNCE_POOL_SIZE``), so size the pool for the ops you keep queued."""
         return self._stream(OP_READ, buf, size, file_offset, buf_offset, stream, priority)
 
     def write_async(

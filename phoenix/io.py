@@ -49,6 +49,11 @@ Ordering with the caller's stream (the rule every call keeps):
   with its bytes in place, visible to any work queued after it; a future's bytes are in
   place once ``.result()`` returns; a stream-ordered call (``read_async``/``write_async``)
   is ordered on the stream itself;
+* a call that is not stream-ordered (``read``, ``read_many``, ``batch``, ``pread``, the
+  writes too) on a file range that a ``write_async`` issued before it writes (through any
+  handle of the file) waits on the host until that write is done, even if its stream has
+  not reached it yet: a read returns the bytes (and the count) the write left, a write
+  lands after it;
 * the caller's stream is the call's ``stream=`` (a vendor handle, a torch or CuPy stream,
   anything with ``cuda_stream``, ``ptr`` or ``__cuda_stream__``), else the current stream
   of the buffer's framework (``torch.cuda.current_stream(device)`` for a torch tensor,

@@ -374,3 +374,118 @@ print("DONE")
     rcs = [ln.split() for ln in p.stdout.splitlines() if ln.startswith("RC")]
     assert len(rcs) == 4 and all(int(r[2]) == -errno.EINVAL for r in rcs), p.stdout
     assert (tmp_path / "out.bin").stat().st_size == 0
+
+
+@pytest.mark.parametrize("handle", ["same", "another"])
+@pytest.mark.parametrize("how", ["read", "read_many", "batch"])
+def test_a_blocking_read_reads_what_a_write_queued_before_it_on_its_stream_wrote(
+    rt, mode, stream, devmem, tmp_path, how, handle
+):
+    """write_async queued behind work that holds its stream, then at once a blocking read
+    (read, read_many, batch; through the same handle or another one of the file) of the
+    range it writes, which it also grows the file over: the read waits for the write the
+    caller queued before it and returns its bytes and its count (it read the bytes from
+    before the write, and a short count, while the stream had not reached the write)."""
+    n = 3 * (64 << 10) + 321
+    old, new = rand(n // 2 + 1000, 20), rand(n, 21)
+    path = tmp_path / "raw.bin"
+    path.write_bytes(old.tobytes())
+    a = devmem(n)
+    rt.memcpy(a, new.ctypes.data, n, CopyKind.HOST_TO_DEVICE)
+    dst = np.full(n + 64, POISON, np.uint8)
+    h = n // 2
+    fns = HostFns(rt)
+    with ps.override(chunk_size="64K"), pio.open(path, "r+") as f, pio.open(path, "r") as other:
+        g = f if handle == "same" else other
+        fns.sleep(stream, 200_000)  # the stream reaches the write later than the read is issued
+        w = f.write_async((a, n), n, 0, 0, stream)
+        if how == "read":
+            counts = [g.read(dst, n, 0, 32)]
+        elif how == "read_many":
+            counts = list(g.read_many(dst, [0, h], [h, n - h], [32, 32 + h]))
+        else:
+            counts = pio.batch([(g, dst, h, 0, 32, "read"), (g, dst, n - h, h, 32 + h, "read")])
+        write_was_done = w.done()
+        assert w.result() == n
+        rt.stream_synchronize(stream)
+    del fns
+    assert counts == ([n] if how == "read" else [h, n - h]), counts
+    np.testing.assert_array_equal(dst[32 : 32 + n], new)
+    assert (dst[:32] == POISON).all() and (dst[32 + n :] == POISON).all()
+    assert write_was_done
+
+
+def test_a_blocking_write_lands_after_a_write_queued_before_it_on_its_stream(rt, mode, stream, devmem, tmp_path):
+    """write_async of a range queued behind work that holds its stream, then at once a
+    blocking write of part of it: the file holds the blocking write's bytes there (the
+    queued write, run later by its stream, overwrote them)."""
+    n = 3 * (64 << 10) + 321
+    first, second = rand(n, 22), rand(n // 3, 23)
+    path = tmp_path / "waw.bin"
+    path.write_bytes(b"")
+    a = devmem(n)
+    rt.memcpy(a, first.ctypes.data, n, CopyKind.HOST_TO_DEVICE)
+    fns = HostFns(rt)
+    with ps.override(chunk_size="64K"), pio.open(path, "r+") as f:
+        fns.sleep(stream, 200_000)
+        w = f.write_async((a, n), n, 0, 0, stream)
+        assert f.write(second, n // 3, 1000) == n // 3
+        assert w.result() == n
+        rt.stream_synchronize(stream)
+    del fns
+    want = first.copy()
+    want[1000 : 1000 + n // 3] = second
+    np.testing.assert_array_equal(np.frombuffer(path.read_bytes(), np.uint8), want)
+
+
+def test_a_read_sees_what_a_write_through_another_handle_queued_before_it(rt, engine, mode, stream, devmem, tmp_path):
+    """A write_async through one handle that grows the file, then a read_async through
+    another handle of more than the file will hold, both on one stream held behind other
+    work (the read is planned before the write ran): the read returns what the file holds
+    when the stream runs it, its count is the bytes it moved, and the destination past the
+    count keeps its bytes (a staged read was sized at submission, from the file's size
+    then: it stopped at the old end)."""
+    m, off, n, want = 50_000, 30_000, 200_000, 300_000
+    old, new = rand(m, 24), rand(n, 25)
+    path = tmp_path / "grow2.bin"
+    path.write_bytes(old.tobytes())
+    a = devmem(n)
+    rt.memcpy(a, new.ctypes.data, n, CopyKind.HOST_TO_DEVICE)
+    b = devmem(want + 64)
+    fns = HostFns(rt)
+    with ps.override(chunk_size="64K"), pio.open(path, "r+") as g, pio.open(path, "r") as f:
+        fns.sleep(stream, 100_000)
+        w = g.write_async((a, n), n, off, 0, stream)
+        r = f.read_async((b, want + 64), want, 0, 32, stream)
+        rt.stream_synchronize(stream)
+        assert (w.result(), r.result()) == (n, off + n)
+    del fns
+    got = dev_get(rt, b, want + 64)
+    np.testing.assert_array_equal(got[32 : 32 + off], old[:off])
+    np.testing.assert_array_equal(got[32 + off : 32 + off + n], new)
+    assert (got[:32] == POISON).all() and (got[32 + off + n :] == POISON).all(), "bytes past the count changed"
+
+
+def test_a_failed_read_past_the_files_end_at_submission_copies_nothing_stale(rt, engine, stream, devmem, tmp_path):
+    """The same growth, with a chunk of the read failing (EIO): the op's count is the error,
+    the chunks before the failed one hold the file's bytes, and the destination of the
+    failed chunk and of those after it keeps its bytes (no stale bounce bytes)."""
+    m, n, want, C = 10_000, 230_000, 300_000, 64 << 10
+    data = rand(n, 26)
+    path = tmp_path / "grow3.bin"
+    path.write_bytes(data[:m].tobytes())
+    a = devmem(n)
+    rt.memcpy(a, data.ctypes.data, n, CopyKind.HOST_TO_DEVICE)
+    b = devmem(want)
+    fns = HostFns(rt)
+    with ps.override(mode="staged", chunk_size="64K"), pio.open(path, "r+") as g, pio.open(path, "r") as f:
+        inject_fault(f, 2 * C + 100, 1, errno.EIO)
+        fns.sleep(stream, 50_000)
+        w = g.write_async((a, n), n, 0, 0, stream)
+        r = f.read_async((b, want), want, 0, 0, stream)
+        rt.stream_synchronize(stream)
+        assert (w.result(), r.bytes_done) == (n, -errno.EIO)
+    del fns
+    got = dev_get(rt, b, want)
+    np.testing.assert_array_equal(got[: 2 * C], data[: 2 * C])
+    assert (got[2 * C :] == POISON).all(), "a failed chunk or one after it changed the destination"

@@ -288,7 +288,7 @@ void file_put(phx_file *f)
     pthread_mutex_lock(&f->mu);
     if (--f->inflight == 0) {
         /* every write submitted through f has completed (fstat sees it): forget their
-         * ends, or a file truncated since would look longer to a stream-ordered read */
+         * ends, or a file truncated since would look longer (phx_file_query) */
         atomic_store(&f->known_size, 0);
         if (f->closing)
             pthread_cond_broadcast(&f->cv);

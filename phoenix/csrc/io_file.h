@@ -41,6 +41,14 @@ int file_get(phx_file *f);
 void file_put(phx_file *f);
 void file_note_write(phx_file *f, int64_t end); /* a write to end is in flight */
 void file_disable_direct(phx_file *f, const char *why);
+/* Stream-ordered writes queued and not done, by inode (io_swrite.c): phx_stream_io lists
+ * each write it queues (NULL: out of memory) and unlists it once the write is done or
+ * dropped; phx_submit waits on the host for those listed before it that a request of
+ * op on [off, off+len) of the same inode depends on. */
+struct stream_write;
+struct stream_write *stream_write_begin(const phx_file *f, int64_t off, uint64_t len);
+void stream_write_end(struct stream_write *w);
+void stream_writes_wait(const phx_file *f, int op, int64_t off, uint64_t len);
 /* The injected fault's error for a transfer of [off, off+len), or 0. */
 int file_fault(phx_file *f, int64_t off, uint64_t len);
 /* Pages of [off, off+len) of fd in the page cache (cachestat(2), Linux 6.5+): 0 with

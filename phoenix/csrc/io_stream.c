@@ -20,11 +20,16 @@
  *           with s slots per op (up to 4) taken from the bounce pool at submission,
  *           all or nothing.
  *
- * The sizes of queued copies are fixed at submission, so a staged read is clamped to
- * the file size known then (fstat, and the ends of writes through this file still in
- * flight): the device copy never writes bytes the file did not supply. If the file
- * shrinks before the stream gets there, the missing bytes are zeros in the slot and
- * the count says how many were read.
+ * The sizes of queued copies are fixed at submission, but a staged read must see the
+ * file as the stream finds it (a write queued before it, through any handle, may grow
+ * the file). So it is planned up to its full size: the chunks past the file's end at
+ * submission (fstat) are speculative, their destination's bytes copied from the device
+ * into a save slot before their step, which puts them back in the slot past what the op
+ * counts (the contiguous prefix of its chunks); the count is the bytes moved, and the
+ * destination past it keeps its bytes. If the file shrinks before the stream gets there,
+ * the missing bytes of the other chunks are zeros in the slot; a failed or aborted op
+ * copies zeros or the destination's own bytes, never stale slot bytes. A pool too small
+ * for two slots clamps the read to the file's end at submission instead.
  */
 #include "io_ctx.h"
 #include "io_file.h"
@@ -32,6 +37,7 @@
 #include "io_pool.h"
 #include "io_req.h"
 #include "io_sync.h"
+#include "io_worker.h" /* IO_MAX_DEVICES */
 
 #include <errno.h>
 #include <stdlib.h>
@@ -46,6 +52,8 @@ struct sop_chunk {
     uint64_t len;
     char *dev;       /* device address of foff */
     char *slot;      /* where foff lands in its slot */
+    char *save;      /* a speculative chunk (past the file's end at submission): its
+                      * destination's bytes, copied from the device before its step */
     int started;
     _Atomic uint32_t done;
     int64_t result;
@@ -63,11 +71,14 @@ struct phx_sop {
     int64_t result;
     _Atomic int aborted;
     int nch, nslots, next_start;
+    int short_seen; /* a read step saw a chunk short or failed: later ones count nothing */
     uint64_t slot_bytes, size;
-    char *slots[SOP_MAX_SLOTS];
+    char *slots[2 * SOP_MAX_SLOTS]; /* nslots read/write slots, then (speculative reads) as many saves */
+    int nalloc;                     /* slots taken from the pool */
     _Atomic uint32_t direct_done;
     int64_t direct_result;
     int fmap_write; /* counted by fmap_write_begin (here, not in the callbacks: it may unregister) */
+    struct stream_write *listed; /* a write: what blocking calls on its range wait for */
     struct sop_chunk ch[];
 };
 
@@ -80,7 +91,7 @@ static void sop_unref(phx_sop *s)
 static void sop_complete(phx_sop *s, int64_t result)
 {
     phx_ctx *ctx = s->ctx;
-    for (int i = 0; i < s->nslots; i++) {
+    for (int i = 0; i < s->nalloc; i++) {
         pool_free(&ctx->pool, s->slots[i], s->slot_bytes);
         s->slots[i] = NULL;
     }
@@ -92,6 +103,7 @@ static void sop_complete(phx_sop *s, int64_t result)
         fmap_write_end(ctx, f);
     STAT_ADD(stream_ops, -1);
     io_set_flag(&s->state);
+    stream_write_end(s->listed); /* done, its bytes in the file: blocking calls go on */
     file_put(f);
     sop_unref(s);
     ctx_put(ctx);
@@ -144,24 +156,37 @@ static int64_t sop_tally(phx_sop *s)
 
 /* ---- host callbacks (stream threads: no vendor calls, no Python) ---- */
 
+/* A read chunk's step: start the reads whose slots are free, wait for this chunk's, and
+ * make its slot what the copy after this step may put on the device: the bytes read
+ * (only those the op counts, for a speculative chunk), then the destination's own bytes
+ * (speculative) or zeros (the file shrank since submission, or it failed): never stale
+ * slot bytes, an aborted op's included (its chunks not started moved nothing). */
 static void hf_read_step(void *arg)
 {
     struct sop_chunk *c = arg;
     phx_sop *s = c->sop;
-    if (atomic_load(&s->aborted))
-        return;
-    if (c->idx == 0) {
-        for (; s->next_start < s->nslots && s->next_start < s->nch; s->next_start++)
-            sop_chunk_start(s, s->next_start);
-    } else if (s->next_start < s->nch) {
-        /* its slot was chunk idx-1's, whose copy to the device has run */
-        sop_chunk_start(s, s->next_start++);
+    if (!atomic_load(&s->aborted)) {
+        if (c->idx == 0) {
+            for (; s->next_start < s->nslots && s->next_start < s->nch; s->next_start++)
+                sop_chunk_start(s, s->next_start);
+        } else if (s->next_start < s->nch) {
+            /* its slot was chunk idx-1's, whose copy to the device has run */
+            sop_chunk_start(s, s->next_start++);
+        }
     }
-    io_wait_flag(&c->done, -1);
-    if (c->result >= 0 && (uint64_t)c->result < c->len) /* shorter than at submission */
-        memset(c->slot + c->result, 0, c->len - (uint64_t)c->result);
-    else if (c->result < 0)
-        memset(c->slot, 0, c->len); /* never hand stale slot bytes to the device */
+    if (c->started)
+        io_wait_flag(&c->done, -1);
+    uint64_t got = c->result > 0 ? (uint64_t)c->result : 0;
+    if (s->short_seen && c->save)
+        got = 0; /* past the op's count (sop_tally): the destination keeps its bytes */
+    if (c->result < 0 || (uint64_t)c->result < c->len)
+        s->short_seen = 1;
+    if (got < c->len) {
+        if (c->save)
+            memcpy(c->slot + got, c->save + got, c->len - got);
+        else
+            memset(c->slot + got, 0, c->len - got);
+    }
 }
 
 static void hf_write_step(void *arg)
@@ -222,10 +247,11 @@ static int sop_abort(phx_sop *s, int err)
             io_wait_flag(&s->ch[i].done, -1);
     /* (hf_direct, if it was queued, returns at once when aborted: nothing started) */
     phx_ctx *ctx = s->ctx;
-    for (int i = 0; i < s->nslots; i++)
+    for (int i = 0; i < s->nalloc; i++)
         pool_free(&ctx->pool, s->slots[i], s->slot_bytes);
     if (s->fmap_write)
         fmap_write_end(ctx, s->file);
+    stream_write_end(s->listed);
     file_put(s->file);
     STAT_ADD(stream_ops, -1);
     free(s);
@@ -233,12 +259,8 @@ static int sop_abort(phx_sop *s, int err)
     return err;
 }
 
-int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64_t *bytes_done, phx_sop **out)
+static int stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64_t *bytes_done, phx_sop **out)
 {
-    if (!ctx || !d)
-        return -EINVAL;
-    if (!ctx->has_dp)
-        return -ENODEV; /* launch_host_func comes from the vendor */
     if (!d->file)
         return -EBADF;
     if ((d->op != PHX_OP_READ && d->op != PHX_OP_WRITE) || d->file_offset < 0 || d->mem < PHX_MEM_HOST ||
@@ -255,25 +277,29 @@ int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64
     phx_file *f = d->file;
     int staged = d->mem == PHX_MEM_DEVICE || (d->mem == PHX_MEM_DEVICE_MAPPED && d->mode == PHX_MODE_STAGED);
     uint64_t size = d->size;
+    int direct = atomic_load(&f->direct_ok);
+    uint64_t A = direct ? f->align : 4096;
+    uint64_t C = align_up(ctx->stage_chunk, A);
+    uint64_t q = ctx->pool.limit / pool_round(C + 2 * A);
+    int fit = q > INT32_MAX ? INT32_MAX : (int)q; /* slots the pool holds at once */
+    /* A staged read runs up to its size, whatever the file's end now (writes queued before
+     * it may grow the file): the chunks past that end are speculative (see hf_read_step).
+     * A pool too small for a slot and a save clamps it to the end now instead. */
+    int64_t known = INT64_MAX;
+    int spec = 0;
     if (staged && d->op == PHX_OP_READ && size) {
-        /* the ends of writes in flight first, then fstat: a write that completes between
-         * the two has reset known_size (file_put) only after the file holds its bytes, so
-         * fstat then sees them; the other order could miss both */
-        int64_t pend = atomic_load(&f->known_size);
-        int64_t known = phx_file_size(f);
-        if (known < 0)
+        if ((known = phx_file_size(f)) < 0)
             return (int)known;
-        if (pend > known)
-            known = pend;
-        size = d->file_offset >= known ? 0 : (uint64_t)(known - d->file_offset) < size ? (uint64_t)(known - d->file_offset) : size;
+        spec = d->file_offset + (int64_t)size > known;
+        if (spec && fit < 2) {
+            spec = 0;
+            size = d->file_offset >= known ? 0 : (uint64_t)(known - d->file_offset);
+        }
     }
     if (!size)
         staged = 0; /* nothing to copy: one callback sets the count */
 
     /* plan the chunks of a staged op */
-    int direct = atomic_load(&f->direct_ok);
-    uint64_t A = direct ? f->align : 4096;
-    uint64_t C = align_up(ctx->stage_chunk, A);
     int nch = 0;
     if (staged) {
         uint64_t first = align_down((uint64_t)d->file_offset, C);
@@ -315,6 +341,9 @@ int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64
         file_note_write(f, d->file_offset + (int64_t)size); /* after file_get: see file_put */
         s->fmap_write = 1; /* drops the windows it overlaps, in this (the caller's) thread */
         fmap_write_begin(ctx, f, d->file_offset, size);
+        /* a blocking call on its range issued after this one waits for it (phx_submit) */
+        if (!(s->listed = stream_write_begin(f, d->file_offset, size)))
+            return sop_abort(s, -ENOMEM);
     }
 
     if (!staged) {
@@ -322,15 +351,16 @@ int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64
             return sop_abort(s, -EIO);
     } else {
         s->slot_bytes = C + 2 * A;
-        uint64_t per = pool_round(s->slot_bytes);
         int nslots = nch < SOP_MAX_SLOTS ? nch : SOP_MAX_SLOTS;
-        uint64_t q = ctx->pool.limit / per;
-        int fit = q > INT32_MAX ? INT32_MAX : (int)q;
+        if (spec)
+            fit /= 2; /* each slot with its save (one call: all or nothing) */
         if (nslots > fit)
             nslots = fit < 1 ? 1 : fit;
-        if ((rc = pool_alloc_many(&ctx->pool, nslots, s->slot_bytes, s->slots)) < 0)
+        int nalloc = spec ? 2 * nslots : nslots;
+        if ((rc = pool_alloc_many(&ctx->pool, nalloc, s->slot_bytes, s->slots)) < 0)
             return sop_abort(s, rc);
         s->nslots = nslots;
+        s->nalloc = nalloc;
         int64_t off = d->file_offset, end = d->file_offset + (int64_t)size;
         for (int i = 0; i < nch; i++) {
             struct sop_chunk *c = &s->ch[i];
@@ -345,11 +375,16 @@ int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64
             c->dev = (char *)(uintptr_t)(d->addr + (uint64_t)(off - d->file_offset));
             /* foff lands where O_DIRECT can take it straight into the slot */
             c->slot = s->slots[i % nslots] + (direct ? (uint64_t)off % A : 0);
+            /* a speculative chunk's destination bytes go to its slot's save */
+            c->save = spec && next > known ? s->slots[nslots + i % nslots] : NULL;
             off = next;
         }
         for (int i = 0; i < nch; i++) {
             struct sop_chunk *c = &s->ch[i];
             if (d->op == PHX_OP_READ) {
+                /* (the save is free: the step of the chunk before in its slot ran) */
+                if (c->save && dp->memcpy_async(c->save, c->dev, c->len, dp->kind_d2h, stream) != dp->success)
+                    return sop_abort(s, -EIO);
                 if (dp->launch_host_func(stream, hf_read_step, c) != dp->success)
                     return sop_abort(s, -EIO);
                 if (dp->memcpy_async(c->dev, c->slot, c->len, dp->kind_h2d, stream) != dp->success)
@@ -367,6 +402,30 @@ int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64
     if (out)
         *out = s;
     return 0;
+}
+
+/* Queue with the buffer's device current: the default stream (0, and the legacy default
+ * stream's aliases) is the current device's, and the runtime queues copies and callbacks
+ * (and sop_abort synchronizes) on the current device's streams. The caller's device is
+ * current again on return, on every path. A runtime without get_device (no events) gives
+ * no way to restore it: the op is queued as called. */
+int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64_t *bytes_done, phx_sop **out)
+{
+    if (!ctx || !d)
+        return -EINVAL;
+    if (!ctx->has_dp)
+        return -ENODEV; /* launch_host_func comes from the vendor */
+    const struct phx_dp_table *dp = &ctx->dp;
+    int want = d->mem == PHX_MEM_HOST ? -1 : d->device, prev = -1;
+    if (want >= IO_MAX_DEVICES)
+        return -EINVAL;
+    if (want < 0 || !dp->get_device || dp->get_device(&prev) != dp->success || prev == want)
+        return stream_io(ctx, d, stream, bytes_done, out);
+    if (dp->set_device(want) != dp->success)
+        return -EIO;
+    int rc = stream_io(ctx, d, stream, bytes_done, out);
+    dp->set_device(prev);
+    return rc;
 }
 
 int phx_sop_done(const phx_sop *s)

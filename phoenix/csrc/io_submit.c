@@ -1,10 +1,11 @@
 /* The request API: submission, waiting, results, release.
  *
  * Core side, data path (the caller's threads; io_submit_one also from stream callbacks).
- * A built request (io_plan.c) is counted in its file and its context (req_enter), waits
- * on the host for its fence where the CPU or the disk touches its memory, and is queued
- * for the workers (queue_push); a refusal at that point completes it with the error
- * (req_refused): a failed request fails alone. Handles are reference counted: the
+ * phx_submit first waits for the stream-ordered writes queued before it that its range
+ * depends on (io_swrite.c). A built request (io_plan.c) is counted in its file and its
+ * context (req_enter), waits on the host for its fence where the CPU or the disk touches
+ * its memory, and is queued for the workers (queue_push); a refusal at that point
+ * completes it with the error (req_refused): a failed request fails alone. Handles are reference counted: the
  * caller's and the engine's; the last release frees (req_unref, io_chunk.c).
  */
 #include "io_ctx.h"
@@ -69,6 +70,11 @@ int phx_submit(phx_ctx *ctx, const struct phx_io_desc *descs, uint32_t n, phx_re
     struct io_chunk *head[2] = {NULL, NULL}, *tail[2] = {NULL, NULL}; /* by priority */
     int nq[2] = {0, 0};
     for (uint32_t i = 0; i < n; i++) {
+        /* stream-ordered writes the caller queued before this call on the same range of
+         * the file (any handle) that their streams have not run yet: wait on the host, so
+         * a read sees their bytes and a write lands after them */
+        if (descs[i].file)
+            stream_writes_wait(descs[i].file, descs[i].op, descs[i].file_offset, descs[i].size);
         int queued;
         phx_req *r = req_build(ctx, &descs[i], 0, NULL, NULL, 1, &queued);
         if (!r) {
