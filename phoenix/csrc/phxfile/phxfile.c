@@ -6,9 +6,10 @@
  * C API under PyGILState_Ensure) for what only the control plane knows: the vendor
  * selected by PHX_VENDOR, a core context built with that vendor's data-path table, and
  * the core's entry points (the C core phoenix._phxcore already loaded in the process:
- * one registration table, one host-vendor arena). Buffer registration asks Python once
- * per vendor allocation where the memory lives (host, device, device the CPU can
- * address); LMCache's many adjacent 16 MiB regions of one tensor hit a cache.
+ * one registration table, one host-vendor arena). Buffer registration asks Python where
+ * the memory lives (host, device, device the CPU can address), every time: nothing is
+ * cached, since an allocation freed and made again at the same address (another size,
+ * another kind) is seen by no call of this library.
  *
  * The I/O path (phxFileReadAsync / phxFileWriteAsync) never takes the GIL for a
  * registered buffer: a registration lookup (binary search in the core), then
@@ -31,8 +32,8 @@
  * deadlocks with the holder of that lock waiting for the GIL. Hence the rule: nobody
  * blocks on a lock of this file while holding the GIL. open_lock (serializes open and
  * close, and what they ask Python) is taken with the GIL let go for the wait
- * (open_lock_take), so its order is open_lock, then the GIL; state_lock, regs_lock and
- * cls_lock are taken without the GIL (or without waiting) and held across no GIL
+ * (open_lock_take), so its order is open_lock, then the GIL; state_lock and regs_lock
+ * are taken without the GIL (or without waiting) and held across no GIL
  * acquisition. The I/O path of a registered buffer takes only state_lock (shared), and
  * never the GIL. Calls work from any thread (a Python thread, with or without the GIL, or
  * a thread Python never saw); once the interpreter is finalizing, Python is asked nothing
@@ -67,8 +68,7 @@ struct phxfile_core {
 };
 
 struct phxfile_class {
-    int32_t mem, device;           /* enum phx_mem, device ordinal */
-    uint64_t alloc_base, alloc_size; /* the vendor allocation holding the extent (0: unknown) */
+    int32_t mem, device; /* enum phx_mem, device ordinal */
 };
 
 typedef int (*file_from_fd_fn)(int, int, phx_file **);
@@ -197,21 +197,6 @@ static pthread_mutex_t regs_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct myreg *regs;
 static size_t nregs, capregs;
 
-/* Last vendor allocation classified (LMCache registers one tensor as many regions).
- * cls_gen counts invalidations: an answer asked for before one is not cached after it. */
-static pthread_mutex_t cls_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct phxfile_class cls_cache;
-static int cls_valid;
-static uint64_t cls_gen;
-
-static void cls_invalidate(void)
-{
-    pthread_mutex_lock(&cls_lock);
-    cls_valid = 0;
-    cls_gen++;
-    pthread_mutex_unlock(&cls_lock);
-}
-
 /* Take open_lock; the caller holds the GIL (PyGILState_Ensure). A busy lock is waited for
  * with the GIL let go: its holder may be running Python, which needs the GIL back. */
 static void open_lock_take(void)
@@ -300,7 +285,6 @@ PHXFILE_API int phxFileDriverClose(void)
         regs = NULL;
         nregs = capregs = 0;
         pthread_mutex_unlock(&regs_lock);
-        cls_invalidate();
 
         /* closing waits for the stream ops still queued */
         while (hs) {
@@ -330,18 +314,12 @@ PHXFILE_API int phxFileDriverClose(void)
 
 /* ---- buffers ------------------------------------------------------------------------ */
 
-/* Where [addr, addr+len) lives: the cache, else Python (takes the GIL: call with no lock held). */
+/* Where [addr, addr+len) lives: asked of Python at every call (takes the GIL: call with no
+ * lock held). No cache: the vendor allocation holding it may have been freed and made
+ * again, smaller or of another kind, since the last call (a stale extent let I/O run past
+ * the new allocation). */
 static int classify(uint64_t addr, uint64_t len, struct phxfile_class *out)
 {
-    pthread_mutex_lock(&cls_lock);
-    if (cls_valid && cls_cache.alloc_size && addr >= cls_cache.alloc_base &&
-        addr + len <= cls_cache.alloc_base + cls_cache.alloc_size) {
-        *out = cls_cache;
-        pthread_mutex_unlock(&cls_lock);
-        return 0;
-    }
-    uint64_t gen = cls_gen;
-    pthread_mutex_unlock(&cls_lock);
     if (!py_usable())
         return -ESHUTDOWN;
     struct phxfile_class c;
@@ -351,14 +329,6 @@ static int classify(uint64_t addr, uint64_t len, struct phxfile_class *out)
     py.GILRelease(g);
     if (rc < 0)
         return rc;
-    if (c.alloc_size) {
-        pthread_mutex_lock(&cls_lock);
-        if (gen == cls_gen) { /* not invalidated (a Deregister, a close) meanwhile */
-            cls_cache = c;
-            cls_valid = 1;
-        }
-        pthread_mutex_unlock(&cls_lock);
-    }
     *out = c;
     return 0;
 }
@@ -452,7 +422,6 @@ PHXFILE_API int phxFileBufDeregister(const void *addr)
         }
     } /* an unknown base is tolerated (LMCache's teardown deregisters what it may not have registered) */
     pthread_mutex_unlock(&regs_lock);
-    cls_invalidate(); /* the allocation may be freed next: classify afresh */
     return 0;
 }
 

@@ -1,0 +1,115 @@
+"""libphxfile across the life of what it is handed: memory freed and made again, a forked
+child, a Python signal handler that raises while a call runs Python.
+
+Test side, adapter (phoenix/csrc/phxfile). The library is loaded with LMCache's ctypes
+signatures (phoenix.phxfile.load); the vendor is the host reference vendor (tests/conftest.py).
+Anything that could crash or hang runs in a subprocess under a timeout, started in tmp_path
+(never the checkout: `python -c` there would import the unbuilt source tree).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+HANG_TIMEOUT = 60
+
+
+def _run_script(code: str, tmp_path, *args, timeout: float = HANG_TIMEOUT) -> subprocess.CompletedProcess:
+    """`python -c code args` in tmp_path (not the checkout: its phoenix/ is not built); a hang fails."""
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", code, *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=tmp_path,
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        pytest.fail(f"hung: no exit within {timeout}s\n{out}")
+
+
+_REALLOC = r"""
+import ctypes, errno, os, sys
+import numpy as np
+from phoenix import phxfile
+from phoenix.registry import get_runtime
+lib, rt = phxfile.load(), get_runtime()
+V, P, I64 = ctypes.c_void_p, ctypes.byref, ctypes.c_int64
+G = 64 << 10  # the host vendor's allocation unit
+BIG = 2 * G
+s = rt.stream_create(0)
+
+def view(addr, n):
+    return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(addr))
+
+def io(fn, fh, base, nbytes):
+    n, fo, bo, res = ctypes.c_size_t(nbytes), I64(0), I64(0), I64(12345)
+    rc = fn(fh, V(base), P(n), P(fo), P(bo), P(res), V(s))
+    rt.stream_synchronize(s)
+    return rc, res.value
+
+def alloc_at(addr, size):
+    # the host vendor hands a freed range out again first fit, once its quarantine (the
+    # 64 frees after it) lets it go: allocations that land elsewhere are held until one
+    # lands at addr (a fresh process: its arena has no holes below addr), then freed
+    held, got = [], None
+    for _ in range(4096):
+        p = rt.device_alloc(size)
+        if p == addr:
+            got = p
+            break
+        held.append(p)
+        if len(held) % 2 == 0:
+            rt.device_free(held.pop(0))
+    for p in held:
+        rt.device_free(p)
+    return got
+
+data = np.frombuffer(open(sys.argv[1], "rb").read(), dtype=np.uint8)
+fd = os.open(sys.argv[1], os.O_RDWR)
+fh = V()
+assert lib.phxFileHandleRegister(P(fh), fd) == 0
+a = rt.device_alloc(BIG)
+# the old allocation: a read and a write of all of it, unregistered (classified)
+assert io(lib.phxFileReadAsync, fh, a, BIG) == (0, BIG)
+assert np.array_equal(view(a, BIG), data)
+assert io(lib.phxFileWriteAsync, fh, a, BIG) == (0, BIG)
+rt.device_free(a)
+b = alloc_at(a, G)  # at the same address, half the size
+assert b == a, "the vendor did not hand the freed address out again"
+c = rt.device_alloc(G)  # first fit: right after it
+assert c == b + G, (hex(b), hex(c))
+view(b, G)[:] = 0x11
+neighbour = np.random.default_rng(6).integers(0, 256, G, dtype=np.uint8)
+view(c, G)[:] = neighbour
+results = [io(fn, fh, b, BIG) for fn in (lib.phxFileReadAsync, lib.phxFileWriteAsync)]
+bad = np.flatnonzero(view(c, G) != neighbour)
+assert bad.size == 0, f"{bad.size} bytes of the next allocation changed, first at {bad[:4]} ({results})"
+assert (view(b, G) == 0x11).all(), f"the buffer changed ({results})"
+on_disk = np.frombuffer(open(sys.argv[1], "rb").read(), dtype=np.uint8)
+assert np.array_equal(on_disk, data), f"the file changed ({results})"
+assert results == [(-errno.EFAULT, -errno.EFAULT)] * 2, results
+# the extent that fits the new allocation moves
+assert io(lib.phxFileReadAsync, fh, b, G) == (0, G)
+assert np.array_equal(view(b, G), data[:G]) and np.array_equal(view(c, G), neighbour)
+assert lib.phxFileHandleDeregister(fh) == 0
+assert lib.phxFileDriverClose() == 0
+print("ok")
+"""
+
+
+def test_an_allocation_freed_and_made_again_is_classified_again(tmp_path):
+    """An unregistered device buffer is classified through the vendor at each call: after its
+    allocation is freed and a smaller one is made at the same address, an extent that fitted
+    the old allocation runs past the new one and is refused (-EFAULT, also in *bytes_done);
+    the allocation after it (random bytes) and the file keep every byte. In a fresh process,
+    whose host-vendor arena hands the freed address out again."""
+    path = tmp_path / "f.bin"
+    path.write_bytes(np.random.default_rng(5).integers(0, 256, 2 << 16, dtype=np.uint8).tobytes())
+    r = _run_script(_REALLOC, tmp_path, path)
+    assert r.returncode == 0 and r.stdout.split() == ["ok"], f"rc {r.returncode}\n{r.stdout}\n{r.stderr}"
