@@ -163,6 +163,16 @@ _lock = threading.Lock()
 _runtime = None  # the vendor runtime the open driver uses (kept alive while it is open)
 
 
+def _after_fork_in_child() -> None:
+    # libphxfile's child handler closes the driver in the child (its first call opens one of
+    # its own); a lock another thread of the parent held at the fork would stay held
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _errno_of(exc: BaseException) -> int:
     from .errors import VendorNotImplemented
 

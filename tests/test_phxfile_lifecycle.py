@@ -113,3 +113,95 @@ def test_an_allocation_freed_and_made_again_is_classified_again(tmp_path):
     path.write_bytes(np.random.default_rng(5).integers(0, 256, 2 << 16, dtype=np.uint8).tobytes())
     r = _run_script(_REALLOC, tmp_path, path)
     assert r.returncode == 0 and r.stdout.split() == ["ok"], f"rc {r.returncode}\n{r.stdout}\n{r.stderr}"
+
+
+_FORK = r"""
+import ctypes, os, signal, sys, traceback
+import numpy as np
+from phoenix import phxfile
+from phoenix.registry import get_runtime
+lib, rt = phxfile.load(), get_runtime()
+V, P, I64 = ctypes.c_void_p, ctypes.byref, ctypes.c_int64
+N = 1 << 16
+fd = os.open(sys.argv[1], os.O_RDWR)
+
+def io(fn, fh, base, nbytes, foff, stream):
+    n, fo, bo, res = ctypes.c_size_t(nbytes), I64(foff), I64(0), I64(12345)
+    rc = fn(fh, V(base), P(n), P(fo), P(bo), P(res), V(stream))
+    rt.stream_synchronize(stream)
+    assert rc == 0 and res.value == nbytes, (fn.__name__, rc, res.value)
+
+def round_trip(fh, dev, foff, seed, stream):
+    # a registered device buffer and an unregistered host buffer: write, read back, every byte
+    data = np.random.default_rng(seed).integers(0, 256, N, dtype=np.uint8)
+    view = np.ctypeslib.as_array((ctypes.c_uint8 * N).from_address(dev))
+    view[:] = data
+    io(lib.phxFileWriteAsync, fh, dev, N, foff, stream)
+    view[:] = 0xA5
+    io(lib.phxFileReadAsync, fh, dev, N, foff, stream)
+    assert np.array_equal(view, data), "device buffer"
+    host = np.full(N, 0xA5, dtype=np.uint8)
+    io(lib.phxFileReadAsync, fh, host.ctypes.data, N, foff, stream)
+    assert np.array_equal(host, data), "host buffer"
+    return data
+
+# the parent: an open driver with a handle, a registration, a stream op done
+s = rt.stream_create(0)
+dev = rt.device_alloc(N)
+fh = V()
+assert lib.phxFileDriverOpen() == 0
+assert lib.phxFileHandleRegister(P(fh), fd) == 0
+assert lib.phxFileBufRegister(V(dev), N) == 0
+mine = round_trip(fh, dev, 0, 1, s)
+
+pid = os.fork()
+if pid == 0:
+    code = 1
+    try:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(30)  # a hang kills the child (SIGALRM), the parent reports it
+        cs = rt.stream_create(0)
+        cfh = V()
+        assert lib.phxFileHandleRegister(P(cfh), fd) == 0
+        assert lib.phxFileBufRegister(V(dev), N) == 0
+        round_trip(cfh, dev, N, 2, cs)
+        host = np.zeros(N, dtype=np.uint8)
+        io(lib.phxFileReadAsync, cfh, host.ctypes.data, N, 0, cs)  # the parent's bytes
+        assert np.array_equal(host, mine), "the parent's bytes"
+        assert lib.phxFileBufDeregister(V(dev)) == 0
+        assert lib.phxFileHandleDeregister(cfh) == 0
+        assert lib.phxFileDriverClose() == 0
+        rt.stream_destroy(cs)
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+_, status = os.waitpid(pid, 0)
+assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (
+    f"child: exit {os.WEXITSTATUS(status)}" if os.WIFEXITED(status) else f"child: signal {os.WTERMSIG(status)}"
+)
+# the parent's driver still works, and sees the child's bytes
+theirs = np.zeros(N, dtype=np.uint8)
+io(lib.phxFileReadAsync, fh, theirs.ctypes.data, N, N, s)
+assert np.array_equal(theirs, np.random.default_rng(2).integers(0, 256, N, dtype=np.uint8)), "the child's bytes"
+round_trip(fh, dev, 0, 3, s)
+assert lib.phxFileBufDeregister(V(dev)) == 0
+assert lib.phxFileHandleDeregister(fh) == 0
+assert lib.phxFileDriverClose() == 0
+print("ok")
+"""
+
+
+def test_a_forked_child_opens_a_driver_of_its_own(tmp_path):
+    """os.fork after the driver opened (a handle, a registration, I/O done): the child's first
+    call opens a driver of its own (the parent's context has no threads in the child) and its
+    open / register / write / read / close work, every byte checked; the parent's driver
+    keeps working and sees the child's bytes."""
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"\0" * (2 << 16))
+    r = _run_script(_FORK, tmp_path, path)
+    assert r.returncode == 0 and r.stdout.split() == ["ok"], f"rc {r.returncode}\n{r.stdout}\n{r.stderr}"

@@ -197,6 +197,31 @@ static pthread_mutex_t regs_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct myreg *regs;
 static size_t nregs, capregs;
 
+/* fork. The child has one thread: the parent's context (its workers, the stream ops it
+ * queued) and handles are not the child's, and a lock some other thread held at the fork
+ * stays held for good. The child starts closed, with fresh locks: its first call opens a
+ * driver of its own (the parent's context and handles are left alone, not destroyed:
+ * that would wait for threads the child does not have). regs_lock is held across the
+ * fork (never held across a GIL acquisition, so the forking thread, which holds the GIL,
+ * gets it): the child keeps a consistent list of the registrations it inherited in the
+ * core's table, which its own DriverClose drops. */
+static void fork_prepare(void) { pthread_mutex_lock(&regs_lock); }
+
+static void fork_parent(void) { pthread_mutex_unlock(&regs_lock); }
+
+static void fork_child(void)
+{
+    pthread_mutex_init(&regs_lock, NULL);
+    pthread_mutex_init(&open_lock, NULL);
+    pthread_rwlock_init(&state_lock, NULL);
+    pthread_mutex_init(&py_bind_lock, NULL);
+    ctx = NULL;
+    handles = NULL;
+    atomic_store(&opened, 0);
+}
+
+__attribute__((constructor)) static void phxfile_init(void) { pthread_atfork(fork_prepare, fork_parent, fork_child); }
+
 /* Take open_lock; the caller holds the GIL (PyGILState_Ensure). A busy lock is waited for
  * with the GIL let go: its holder may be running Python, which needs the GIL back. */
 static void open_lock_take(void)
