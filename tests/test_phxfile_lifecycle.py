@@ -205,3 +205,79 @@ def test_a_forked_child_opens_a_driver_of_its_own(tmp_path):
     path.write_bytes(b"\0" * (2 << 16))
     r = _run_script(_FORK, tmp_path, path)
     assert r.returncode == 0 and r.stdout.split() == ["ok"], f"rc {r.returncode}\n{r.stdout}\n{r.stderr}"
+
+
+_SIGNAL = r"""
+import ctypes, errno, os, signal, sys
+import numpy as np
+import phoenix.io as pio
+from phoenix import phxfile
+from phoenix.registry import get_runtime
+lib, rt = phxfile.load(), get_runtime()
+V, P, I64 = ctypes.c_void_p, ctypes.byref, ctypes.c_int64
+EXC = {"KeyboardInterrupt": KeyboardInterrupt, "SystemExit": SystemExit}[sys.argv[2]]
+N = 1 << 16
+fd = os.open(sys.argv[1], os.O_RDONLY)
+data = np.frombuffer(open(sys.argv[1], "rb").read(), dtype=np.uint8)[:N]
+s = rt.stream_create(0)
+fh = V()
+assert lib.phxFileHandleRegister(P(fh), fd) == 0
+buf = np.full(N, 0xA5, dtype=np.uint8)
+
+def handler(signum, frame):  # Ctrl-C's KeyboardInterrupt, or a handler that exits
+    raise EXC(3)
+
+signal.signal(signal.SIGUSR1, handler)
+real = phxfile._c_classify
+
+def classify_signalled(addr, size, out):  # the signal lands while libphxfile runs Python
+    signal.raise_signal(signal.SIGUSR1)
+    return real(addr, size, out)
+
+def read(res):
+    n, fo, bo = ctypes.c_size_t(N), I64(0), I64(0)
+    return lib.phxFileReadAsync(fh, V(buf.ctypes.data), P(n), P(fo), P(bo), P(res), V(s))
+
+caught = []
+for op in ("read", "register"):
+    res = I64(12345)
+    phxfile._c_classify = classify_signalled
+    try:
+        if op == "read":  # an unregistered buffer: classified through Python
+            read(res)
+        else:
+            lib.phxFileBufRegister(V(buf.ctypes.data), N)
+        for _ in range(100):  # the handed-back exception is raised here at the latest
+            pass
+    except EXC as exc:
+        caught.append((op, exc.args))
+    finally:
+        phxfile._c_classify = real
+    rt.stream_synchronize(s)
+    if op == "read":
+        assert res.value == -errno.EINTR, res.value
+        assert (buf == 0xA5).all(), "the refused read moved bytes"
+    else:
+        assert pio._lib.phx_reg_lookup(buf.ctypes.data, 1, None) == 1, "registered"
+assert caught == [("read", (3,)), ("register", (3,))], caught
+# the library goes on working
+res = I64(12345)
+assert read(res) == 0
+rt.stream_synchronize(s)
+assert res.value == N and np.array_equal(buf, data)
+assert lib.phxFileHandleDeregister(fh) == 0
+assert lib.phxFileDriverClose() == 0
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("exc", ["KeyboardInterrupt", "SystemExit"])
+def test_a_signal_handler_raising_inside_a_call_reaches_the_caller(tmp_path, exc):
+    """A Python signal handler raises (Ctrl-C's KeyboardInterrupt, SystemExit) while a
+    libphxfile call runs Python (classifying a buffer): the call fails with -EINTR (also in
+    *bytes_done), moves nothing, registers nothing, and the exception reaches the caller
+    (the process neither exits from inside the library nor loses the interrupt)."""
+    path = tmp_path / "f.bin"
+    path.write_bytes(np.random.default_rng(7).integers(0, 256, 1 << 16, dtype=np.uint8).tobytes())
+    r = _run_script(_SIGNAL, tmp_path, path, exc)
+    assert r.returncode == 0 and r.stdout.split() == ["ok"], f"rc {r.returncode}\n{r.stdout}\n{r.stderr}"

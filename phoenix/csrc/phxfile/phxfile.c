@@ -106,6 +106,13 @@ static struct {
     PyObject *(*ErrOccurred)(void);
     void (*ErrPrint)(void);
     int (*IsFinalizing)(void); /* Py_IsFinalizing (3.13+) or _Py_IsFinalizing; may be NULL */
+    /* handing KeyboardInterrupt / SystemExit back to the main thread (py_failed); all or none */
+    int (*ExceptionMatches)(PyObject *);
+    void (*Fetch)(PyObject **, PyObject **, PyObject **);
+    void (*Restore)(PyObject *, PyObject *, PyObject *);
+    void (*Clear)(void);
+    int (*AddPendingCall)(int (*)(void *), void *);
+    PyObject **KeyboardInterrupt, **SystemExit; /* the PyExc_* variables */
 } py;
 static pthread_mutex_t py_bind_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -128,6 +135,16 @@ static int py_bind(void)
         SYM(IsFinalizing, "Py_IsFinalizing");
         if (!py.IsFinalizing)
             SYM(IsFinalizing, "_Py_IsFinalizing");
+        SYM(ExceptionMatches, "PyErr_ExceptionMatches");
+        SYM(Fetch, "PyErr_Fetch");
+        SYM(Restore, "PyErr_Restore");
+        SYM(Clear, "PyErr_Clear");
+        SYM(AddPendingCall, "Py_AddPendingCall");
+        SYM(KeyboardInterrupt, "PyExc_KeyboardInterrupt");
+        SYM(SystemExit, "PyExc_SystemExit");
+        if (!(py.ExceptionMatches && py.Fetch && py.Restore && py.Clear && py.AddPendingCall && py.KeyboardInterrupt &&
+              py.SystemExit))
+            py.KeyboardInterrupt = NULL; /* not handed back: printed, as any other exception */
 #undef SYM
         if (py.IsInitialized && py.GILEnsure && py.GILRelease && py.SaveThread && py.RestoreThread && py.Import &&
             py.CallMethod && py.AsLongLong && py.DecRef && py.ErrOccurred && py.ErrPrint)
@@ -141,28 +158,62 @@ static int py_bind(void)
     return ok;
 }
 
+struct raised {
+    PyObject *type, *value, *tb;
+};
+
+/* A pending call (main thread, GIL held): raise what py_failed handed back. */
+static int reraise(void *arg)
+{
+    struct raised *r = arg;
+    py.Restore(r->type, r->value, r->tb);
+    free(r);
+    return -1;
+}
+
+/* Python raised under py_call. KeyboardInterrupt and SystemExit (a signal handler that
+ * ran inside the call: Ctrl-C, or one that exits) are the caller's, not this library's:
+ * PyErr_Print would exit the process for SystemExit and swallow the interrupt. They are
+ * handed back to the main thread (raised there at its next check, once the call has
+ * returned) and the call fails with -EINTR. Anything else: its traceback goes to stderr,
+ * and `rc`. */
+static int py_failed(int rc)
+{
+    if (py.KeyboardInterrupt &&
+        (py.ExceptionMatches(*py.KeyboardInterrupt) || py.ExceptionMatches(*py.SystemExit))) {
+        struct raised *r = malloc(sizeof(*r));
+        if (r) {
+            py.Fetch(&r->type, &r->value, &r->tb);
+            if (py.AddPendingCall(reraise, r) == 0)
+                return -EINTR;
+            py.Restore(r->type, r->value, r->tb);
+            free(r);
+        }
+        py.Clear();
+        fprintf(stderr, "libphxfile: a KeyboardInterrupt or SystemExit raised inside a call could not be handed "
+                        "back to the main thread: dropped\n");
+        return -EINTR;
+    }
+    py.ErrPrint();
+    return rc;
+}
+
 /* Call phoenix.phxfile.<fn>(a, b, c) with the GIL held by the caller; its int result
- * (0 or -errno), -EIO when Python raised (the traceback goes to stderr). */
+ * (0 or -errno); when Python raised, py_failed's (-EIO, -ENOENT, -EINTR). */
 static int py_call(const char *fn, uint64_t a, uint64_t b, uint64_t c)
 {
     PyObject *mod = py.Import("phoenix.phxfile");
-    if (!mod) {
-        py.ErrPrint();
-        return -ENOENT;
-    }
+    if (!mod)
+        return py_failed(-ENOENT);
     PyObject *res = py.CallMethod(mod, fn, "KKK", (unsigned long long)a, (unsigned long long)b,
                                   (unsigned long long)c);
     py.DecRef(mod);
-    if (!res) {
-        py.ErrPrint();
-        return -EIO;
-    }
+    if (!res)
+        return py_failed(-EIO);
     long long v = py.AsLongLong(res);
     py.DecRef(res);
-    if (py.ErrOccurred()) {
-        py.ErrPrint();
-        return -EIO;
-    }
+    if (py.ErrOccurred())
+        return py_failed(-EIO);
     return v > 0 ? 0 : (int)v;
 }
 
