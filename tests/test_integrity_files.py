@@ -202,6 +202,86 @@ def test_symlinks_are_judged_by_what_they_name(tmp_path):
     assert r.stdout.split() == ["l_fifo", str(errno.ESPIPE), "l_dir", str(errno.EISDIR), "l_reg", "5000", "r"]
 
 
+# ---- a path that becomes a FIFO between phoenix's checks and its open ----------------------
+
+OPEN_HANG = 20.0  # seconds one open of a regular file may take before it counts as waiting
+_FLIP = """
+import os, sys
+d = sys.argv[1]
+path, i = os.path.join(d, "f.bin"), 0
+srcs = (os.path.join(d, "fifo"), os.path.join(d, "reg"))
+while True:
+    tmp = os.path.join(d, "t%d" % (i % 2))
+    os.link(srcs[i % 2], tmp)
+    os.replace(tmp, path)
+    i += 1
+"""
+
+
+@pytest.mark.parametrize("mode", ["r", "w"])
+def test_open_of_a_path_that_becomes_a_fifo_never_waits(tmp_path, mode):
+    """The path flips between a regular file and a FIFO while it is opened again and again:
+    an open that meets the FIFO is refused (ESPIPE, the path named) and never waits for
+    the FIFO's other side (a blocking open(2) after the stat check waited forever); an
+    open that meets the file moves its bytes. A waiting open is let go by opening the
+    FIFO's other side, and fails the test."""
+    reg, fifo = tmp_path / "reg", tmp_path / "fifo"
+    data = np.random.default_rng(11).integers(0, 256, 8192, dtype=np.uint8)
+    data.tofile(reg)
+    os.mkfifo(fifo)
+    os.link(reg, tmp_path / "f.bin")
+    (tmp_path / "x").mkdir()
+    # f.bin named through many "x/.." steps: each open walks them first, so a flip lands
+    # between a check of the name and its open far more often than with a short path
+    path = f"{tmp_path}/{'x/../' * 700}f.bin"
+    # the flips come from another process: no GIL between them and the opens
+    flipper = subprocess.Popen([sys.executable, "-c", _FLIP, str(tmp_path)], cwd=tmp_path)
+
+    progress, results, errors, waited = [0], {"file": 0, "fifo": 0}, [], []
+
+    def opener():
+        try:
+            for k in range(5000):
+                if waited:
+                    return
+                progress[0] = k
+                try:
+                    f = pio.open(path, mode)
+                except OSError as exc:
+                    assert exc.errno == errno.ESPIPE, exc
+                    assert path in str(exc), exc
+                    results["fifo"] += 1
+                    continue
+                with f:
+                    if mode == "r":
+                        got = np.full(data.size, POISON, dtype=np.uint8)
+                        assert f.read(got) == data.size
+                        np.testing.assert_array_equal(got, data)
+                    else:
+                        assert f.write(data) == data.size
+                        np.testing.assert_array_equal(np.fromfile(reg, np.uint8), data)
+                results["file"] += 1
+        except BaseException as exc:  # reported by the test's thread
+            errors.append(exc)
+
+    th = threading.Thread(target=opener, daemon=True)
+    th.start()
+    try:
+        while th.is_alive():
+            k = progress[0]
+            th.join(OPEN_HANG)
+            if th.is_alive() and progress[0] == k:  # one open has been waiting: the FIFO's
+                waited.append(k)  # other side lets it go (O_RDWR is both sides)
+                os.close(os.open(fifo, os.O_RDWR | os.O_NONBLOCK))
+    finally:
+        flipper.terminate()
+        flipper.wait()
+        th.join(OPEN_HANG)
+    assert not waited, f"open {waited[0]} waited for the FIFO's other side"
+    assert not errors, errors[0]
+    assert results["file"] and results["fifo"], results
+
+
 # ---- one open of the path: both descriptors name one inode ---------------------------------
 
 

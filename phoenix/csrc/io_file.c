@@ -87,6 +87,15 @@ static int file_check_kind(int fd, const struct stat *st)
     return 0;
 }
 
+/* Clear O_NONBLOCK (set for the open: it never waits) once the file is known to have offsets. */
+static int fd_blocking(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || ((fl & O_NONBLOCK) && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0))
+        return -errno;
+    return 0;
+}
+
 /* A second open file description of the inode fd names (O_DIRECT and O_APPEND are per
  * description: set on a dup, they would be set on the original too): through
  * /proc/self/fd, which names the inode itself, whatever happened to the path since. Where
@@ -199,8 +208,9 @@ int phx_file_open(const char *path, int flags, int perm, int direct, phx_file **
                 ((flags & PHX_F_EXCL) ? O_EXCL : 0);
     /* A FIFO or a socket is refused before it is opened: opening a FIFO waits for the
      * other side (and wakes a writer waiting for a reader, which then writes into a closed
-     * pipe). O_EXCL never opens an existing file. The fstat below catches a path that
-     * became one since. */
+     * pipe). O_EXCL never opens an existing file. A path that became one since is opened
+     * O_NONBLOCK, so that the open never waits, and refused by the fstat below; only then
+     * is O_NONBLOCK cleared. */
     struct stat st;
     if (!(flags & PHX_F_EXCL) && stat(path, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)))
         return -ESPIPE;
@@ -208,12 +218,20 @@ int phx_file_open(const char *path, int flags, int perm, int direct, phx_file **
     if (!f)
         return -ENOMEM;
     f->flags = flags;
-    f->fd_buf = open(path, first, perm ? perm : 0644);
-    if (f->fd_buf < 0)
-        return file_fail(f, -errno);
+    f->fd_buf = open(path, first | O_NONBLOCK, perm ? perm : 0644);
+    if (f->fd_buf < 0) {
+        /* ENXIO: a FIFO with no reader (opened O_WRONLY | O_NONBLOCK) or a socket; from
+         * no file with offsets but a device without its hardware */
+        int e = errno;
+        if (e == ENXIO && !(stat(path, &st) == 0 && (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))))
+            e = ESPIPE;
+        return file_fail(f, -e);
+    }
     if (fstat(f->fd_buf, &st) != 0)
         return file_fail(f, -errno);
     int rc = file_check_kind(f->fd_buf, &st);
+    if (!rc)
+        rc = fd_blocking(f->fd_buf);
     if (!rc)
         rc = file_setup_direct(f, direct, path, base, &st, -1);
     if (rc < 0)
