@@ -357,6 +357,45 @@ def test_from_fd_with_o_append_writes_at_the_offset(tmp_path, engine):
         os.close(fd)
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "o_direct"])
+@pytest.mark.parametrize("engine", ["io_uring", "threads"])
+def test_from_fd_writes_at_the_offset_after_the_caller_sets_o_append(tmp_path, engine, direct):
+    """A writable descriptor adopted without O_APPEND, which the caller sets on it later
+    (fcntl F_SETFL): phoenix's buffered descriptor was a dup, one open file description
+    with the caller's, so its positioned writes (pwrite, io_uring) then appended. Phoenix
+    has a description of its own: the writes land at their offsets; the caller's flag
+    stays the caller's."""
+    path = tmp_path / "later.bin"
+    base = np.random.default_rng(3).integers(0, 256, 64 << 10, dtype=np.uint8)
+    base.tofile(path)
+    try:
+        fd = os.open(path, os.O_RDWR | (os.O_DIRECT if direct else 0))
+    except OSError:
+        pytest.skip("no O_DIRECT here")
+    try:
+        with ps.override(engine=engine), pio.PhxFile(None, "r+", fd=fd) as f:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+            new = np.random.default_rng(4).integers(0, 256, 3 * 4096 + 100, dtype=np.uint8)
+            assert f.write(new, new.size, 4000) == new.size  # unaligned head, aligned body, tail
+            small = np.arange(3, dtype=np.uint8)
+            assert f.write(small, 3, 100) == 3
+            got = np.full(base.size, POISON, dtype=np.uint8)
+            assert f.read(got) == base.size
+        want = base.copy()
+        want[4000 : 4000 + new.size] = new
+        want[100:103] = small
+        np.testing.assert_array_equal(got, want)
+        on_disk = np.fromfile(path, np.uint8)
+        assert on_disk.size == base.size, f"writes were appended: {on_disk.size} bytes, not {base.size}"
+        np.testing.assert_array_equal(on_disk, want)
+        assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND  # the caller's descriptor: as it set it
+        if not direct:
+            os.write(fd, b"C")  # and it appends
+            assert path.stat().st_size == base.size + 1
+    finally:
+        os.close(fd)
+
+
 def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 

@@ -263,21 +263,35 @@ int phx_file_from_fd(int fd, int direct, phx_file **out)
                ((fl & O_DSYNC) ? PHX_F_SYNC : 0);
     int base = acc | O_CLOEXEC | (fl & O_DSYNC);
     int fd_direct = -1;
-    /* The buffered descriptor: a dup, unless the caller's open file description carries
-     * a flag ours must not have -- O_DIRECT (phoenix's own, below), O_APPEND (Linux then
-     * appends every write, whatever its offset) -- which a dup would share and clearing
-     * it would clear for the caller: then a new description of the inode. */
-    int own = (fl & O_DIRECT) || ((fl & O_APPEND) && acc != O_RDONLY);
-    if (own) {
-        int nfd = reopen_fd(fd, NULL, base, &st);
+    /* The buffered descriptor: a new open file description of the inode where the
+     * caller's carries a flag ours must not have -- O_DIRECT (phoenix's own, below),
+     * O_APPEND (Linux then appends every write, whatever its offset) -- which a dup would
+     * share and clearing it would clear for the caller; and for every writable regular
+     * file or block device, whose flags the caller may still change (a later
+     * F_SETFL O_APPEND on a shared description would redirect phoenix's writes). A dup
+     * otherwise, and where no new description can be had without O_APPEND or O_DIRECT
+     * at stake (no /proc, the inode's permissions changed since the caller's open). */
+    int must = (fl & O_DIRECT) || ((fl & O_APPEND) && acc != O_RDONLY);
+    int own = must || (acc != O_RDONLY && (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode)));
+    int nfd = own ? reopen_fd(fd, NULL, base | O_NONBLOCK, &st) : -1;
+    if (nfd >= 0 && (rc = fd_blocking(nfd)) < 0) {
+        close(nfd);
+        return file_fail(f, rc);
+    }
+    if (must) {
         if (nfd < 0) /* no /proc (ENOENT): with O_APPEND no write would land at its offset */
             return file_fail(f, nfd == -ENOENT && !(fl & O_DIRECT) ? -EINVAL : nfd);
         f->fd_buf = nfd;
         if ((fl & O_DIRECT) && direct != PHX_DIRECT_OFF) {
-            fd_direct = (fl & O_APPEND) ? reopen_fd(fd, NULL, base | O_DIRECT, &st) : fcntl(fd, F_DUPFD_CLOEXEC, 0);
+            /* writable: a description of its own too (O_APPEND set now or later), else a dup */
+            fd_direct = acc != O_RDONLY ? reopen_fd(fd, NULL, base | O_DIRECT, &st) : -ENOENT;
+            if (fd_direct < 0 && !(fl & O_APPEND) && (fd_direct = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0)
+                fd_direct = -errno;
             if (fd_direct < 0)
-                return file_fail(f, (fl & O_APPEND) ? fd_direct : -errno);
+                return file_fail(f, fd_direct);
         }
+    } else if (nfd >= 0) {
+        f->fd_buf = nfd;
     } else {
         f->fd_buf = fcntl(fd, F_DUPFD_CLOEXEC, 0);
         if (f->fd_buf < 0)
