@@ -282,6 +282,43 @@ def test_open_of_a_path_that_becomes_a_fifo_never_waits(tmp_path, mode):
     assert results["file"] and results["fifo"], results
 
 
+# ---- files that take no positioned writes ---------------------------------------------------
+
+
+def test_a_proc_file_without_positioned_writes_is_refused_for_writing():
+    """/proc/<pid>/task/<tid>/comm opens for writing and its offsets seek, but it refuses
+    pwrite (ESPIPE), and an io_uring write ignored the offset and wrote the name from its
+    start. Opened for writing (by path in every writing mode, or adopted) it is refused
+    with ESPIPE, the path named; the thread's name keeps every byte; reading it at an
+    offset still works. The thread is one of the test's own, idle meanwhile."""
+    ready, done = threading.Event(), threading.Event()
+    th = threading.Thread(target=lambda: (ready.set(), done.wait()), daemon=True)
+    th.start()
+    ready.wait()
+    path = f"/proc/self/task/{th.native_id}/comm"
+    try:
+        before = open(path, "rb").read()
+        for mode in ("r+", "w", "a", "w+"):
+            for engine in ("io_uring", "threads"):
+                with ps.override(engine=engine):
+                    exc = expect_errno(errno.ESPIPE, pio.open, path, mode)
+                assert path in str(exc), exc
+        for flags, mode in ((os.O_WRONLY, "w"), (os.O_RDWR, "r+")):
+            fd = os.open(path, flags)
+            try:
+                expect_errno(errno.ESPIPE, pio.PhxFile, None, mode, fd=fd)
+            finally:
+                os.close(fd)
+        assert open(path, "rb").read() == before, "the thread's name changed"
+        with pio.open(path, "r") as f:
+            got = np.full(len(before) - 1, POISON, dtype=np.uint8)
+            assert f.read(got, got.size, 1) == got.size
+            assert got.tobytes() == before[1:]
+    finally:
+        done.set()
+        th.join()
+
+
 # ---- one open of the path: both descriptors name one inode ---------------------------------
 
 

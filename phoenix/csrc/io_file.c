@@ -10,7 +10,8 @@
  *
  * A path is opened once; the other descriptor is a second open of the inode that open
  * returned, through /proc/self/fd (reopen_fd). Files without offsets are refused at open
- * (file_check_kind): phoenix does positioned I/O only.
+ * (file_check_kind), and so are, for writing, files that take no writes at an offset
+ * (file_check_pwrite): phoenix does positioned I/O only.
  */
 #include "io_file.h"
 #include "phx_testing.h"
@@ -85,6 +86,17 @@ static int file_check_kind(int fd, const struct stat *st)
     if (!S_ISREG(st->st_mode) && !S_ISBLK(st->st_mode) && lseek(fd, 0, SEEK_CUR) < 0)
         return -ESPIPE; /* (no_llseek says ESPIPE; whatever it says, there are no offsets) */
     return 0;
+}
+
+/* A file open for writing must take writes at an offset: some /proc files seek but refuse
+ * pwrite (ESPIPE: /proc/<pid>/comm), and an io_uring write ignores the offset there and
+ * writes anyway. A write of 0 bytes at offset 0 says which; on a file system it moves
+ * nothing and touches no time stamp. Any other answer (a file that refuses an empty
+ * write, or takes it) passes: its writes at offsets say the rest. */
+static int file_check_pwrite(int fd)
+{
+    static const char none[1];
+    return pwrite(fd, none, 0, 0) < 0 && errno == ESPIPE ? -ESPIPE : 0;
 }
 
 /* Clear O_NONBLOCK (set for the open: it never waits) once the file is known to have offsets. */
@@ -232,6 +244,8 @@ int phx_file_open(const char *path, int flags, int perm, int direct, phx_file **
     int rc = file_check_kind(f->fd_buf, &st);
     if (!rc)
         rc = fd_blocking(f->fd_buf);
+    if (!rc && (flags & PHX_F_WRITE))
+        rc = file_check_pwrite(f->fd_buf);
     if (!rc)
         rc = file_setup_direct(f, direct, path, base, &st, -1);
     if (rc < 0)
@@ -296,6 +310,11 @@ int phx_file_from_fd(int fd, int direct, phx_file **out)
         f->fd_buf = fcntl(fd, F_DUPFD_CLOEXEC, 0);
         if (f->fd_buf < 0)
             return file_fail(f, -errno);
+    }
+    if (acc != O_RDONLY && (rc = file_check_pwrite(f->fd_buf)) < 0) {
+        if (fd_direct >= 0)
+            close(fd_direct);
+        return file_fail(f, rc);
     }
     rc = file_setup_direct(f, direct, NULL, base, &st, fd_direct);
     if (rc < 0)
