@@ -109,8 +109,8 @@ def _open_error(err: int, path: str, mode: str, direct, fd) -> PhxIOError:
         )
     elif err == _errno.ESPIPE:
         reason = (
-            "Illegal seek: phoenix moves data at file offsets; a pipe, FIFO, socket or terminal has none; "
-            "give a regular file or a block device"
+            "Illegal seek: phoenix moves data at file offsets; a pipe, FIFO, socket or terminal has none, "
+            "and some /proc files take no writes at an offset; give a regular file or a block device"
         )
     else:
         reason = None

@@ -155,14 +155,22 @@ class _Class(ctypes.Structure):
     _fields_ = [
         ("mem", ctypes.c_int32),
         ("device", ctypes.c_int32),
-        ("alloc_base", ctypes.c_uint64),
-        ("alloc_size", ctypes.c_uint64),
     ]
 
 
 CORE_ABI = 1
 _lock = threading.Lock()
 _runtime = None  # the vendor runtime the open driver uses (kept alive while it is open)
+
+
+def _after_fork_in_child() -> None:
+    # libphxfile's child handler closes the driver in the child (its first call opens one of
+    # its own); a lock another thread of the parent held at the fork would stay held
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _errno_of(exc: BaseException) -> int:
@@ -233,26 +241,18 @@ def _c_open(table_addr: int, table_size: int, _unused: int = 0) -> int:
 
 
 def _c_classify(addr: int, size: int, out_addr: int) -> int:
-    """Where [addr, addr+size) lives (MEM_*, device) and the vendor allocation holding it."""
+    """Where [addr, addr+size) lives (MEM_*, device); -EFAULT past its device allocation.
+
+    Asked at every call (the library caches nothing: an allocation may be freed and made
+    again at the same address, another size or kind, between two calls)."""
     from . import buffers
-    from .vendor import MemoryType
 
     out = _Class.from_address(out_addr)
     rt = _runtime
     if rt is None:  # the driver closed meanwhile: no vendor to ask (None would say "host")
         return -_errno.ESHUTDOWN
     try:
-        mem, device, _ = buffers.classify(rt, addr, size)
-        out.mem, out.device = mem, device
-        out.alloc_base = out.alloc_size = 0
-        if rt is not None and mem != buffers.MEM_HOST:
-            info = rt.pointer_info(addr)
-            if info.type is MemoryType.DEVICE and info.size:
-                if mem == buffers.MEM_DEVICE_MAPPED:
-                    ok, _ = rt.direct_capable(info.base, info.size)
-                    if not ok:  # only this extent is: do not cache the allocation
-                        return 0
-                out.alloc_base, out.alloc_size = info.base, info.size
+        out.mem, out.device, _ = buffers.classify(rt, addr, size)
     except buffers.OutOfBounds:
         return -_errno.EFAULT
     except TypeError:

@@ -202,6 +202,123 @@ def test_symlinks_are_judged_by_what_they_name(tmp_path):
     assert r.stdout.split() == ["l_fifo", str(errno.ESPIPE), "l_dir", str(errno.EISDIR), "l_reg", "5000", "r"]
 
 
+# ---- a path that becomes a FIFO between phoenix's checks and its open ----------------------
+
+OPEN_HANG = 20.0  # seconds one open of a regular file may take before it counts as waiting
+_FLIP = """
+import os, sys
+d = sys.argv[1]
+path, i = os.path.join(d, "f.bin"), 0
+srcs = (os.path.join(d, "fifo"), os.path.join(d, "reg"))
+while True:
+    tmp = os.path.join(d, "t%d" % (i % 2))
+    os.link(srcs[i % 2], tmp)
+    os.replace(tmp, path)
+    i += 1
+"""
+
+
+@pytest.mark.parametrize("mode", ["r", "w"])
+def test_open_of_a_path_that_becomes_a_fifo_never_waits(tmp_path, mode):
+    """The path flips between a regular file and a FIFO while it is opened again and again:
+    an open that meets the FIFO is refused (ESPIPE, the path named) and never waits for
+    the FIFO's other side (a blocking open(2) after the stat check waited forever); an
+    open that meets the file moves its bytes. A waiting open is let go by opening the
+    FIFO's other side, and fails the test."""
+    reg, fifo = tmp_path / "reg", tmp_path / "fifo"
+    data = np.random.default_rng(11).integers(0, 256, 8192, dtype=np.uint8)
+    data.tofile(reg)
+    os.mkfifo(fifo)
+    os.link(reg, tmp_path / "f.bin")
+    (tmp_path / "x").mkdir()
+    # f.bin named through many "x/.." steps: each open walks them first, so a flip lands
+    # between a check of the name and its open far more often than with a short path
+    path = f"{tmp_path}/{'x/../' * 700}f.bin"
+    # the flips come from another process: no GIL between them and the opens
+    flipper = subprocess.Popen([sys.executable, "-c", _FLIP, str(tmp_path)], cwd=tmp_path)
+
+    progress, results, errors, waited = [0], {"file": 0, "fifo": 0}, [], []
+
+    def opener():
+        try:
+            for k in range(5000):
+                if waited:
+                    return
+                progress[0] = k
+                try:
+                    f = pio.open(path, mode)
+                except OSError as exc:
+                    assert exc.errno == errno.ESPIPE, exc
+                    assert path in str(exc), exc
+                    results["fifo"] += 1
+                    continue
+                with f:
+                    if mode == "r":
+                        got = np.full(data.size, POISON, dtype=np.uint8)
+                        assert f.read(got) == data.size
+                        np.testing.assert_array_equal(got, data)
+                    else:
+                        assert f.write(data) == data.size
+                        np.testing.assert_array_equal(np.fromfile(reg, np.uint8), data)
+                results["file"] += 1
+        except BaseException as exc:  # reported by the test's thread
+            errors.append(exc)
+
+    th = threading.Thread(target=opener, daemon=True)
+    th.start()
+    try:
+        while th.is_alive():
+            k = progress[0]
+            th.join(OPEN_HANG)
+            if th.is_alive() and progress[0] == k:  # one open has been waiting: the FIFO's
+                waited.append(k)  # other side lets it go (O_RDWR is both sides)
+                os.close(os.open(fifo, os.O_RDWR | os.O_NONBLOCK))
+    finally:
+        flipper.terminate()
+        flipper.wait()
+        th.join(OPEN_HANG)
+    assert not waited, f"open {waited[0]} waited for the FIFO's other side"
+    assert not errors, errors[0]
+    assert results["file"] and results["fifo"], results
+
+
+# ---- files that take no positioned writes ---------------------------------------------------
+
+
+def test_a_proc_file_without_positioned_writes_is_refused_for_writing():
+    """/proc/<pid>/task/<tid>/comm opens for writing and its offsets seek, but it refuses
+    pwrite (ESPIPE), and an io_uring write ignored the offset and wrote the name from its
+    start. Opened for writing (by path in every writing mode, or adopted) it is refused
+    with ESPIPE, the path named; the thread's name keeps every byte; reading it at an
+    offset still works. The thread is one of the test's own, idle meanwhile."""
+    ready, done = threading.Event(), threading.Event()
+    th = threading.Thread(target=lambda: (ready.set(), done.wait()), daemon=True)
+    th.start()
+    ready.wait()
+    path = f"/proc/self/task/{th.native_id}/comm"
+    try:
+        before = open(path, "rb").read()
+        for mode in ("r+", "w", "a", "w+"):
+            for engine in ("io_uring", "threads"):
+                with ps.override(engine=engine):
+                    exc = expect_errno(errno.ESPIPE, pio.open, path, mode)
+                assert path in str(exc), exc
+        for flags, mode in ((os.O_WRONLY, "w"), (os.O_RDWR, "r+")):
+            fd = os.open(path, flags)
+            try:
+                expect_errno(errno.ESPIPE, pio.PhxFile, None, mode, fd=fd)
+            finally:
+                os.close(fd)
+        assert open(path, "rb").read() == before, "the thread's name changed"
+        with pio.open(path, "r") as f:
+            got = np.full(len(before) - 1, POISON, dtype=np.uint8)
+            assert f.read(got, got.size, 1) == got.size
+            assert got.tobytes() == before[1:]
+    finally:
+        done.set()
+        th.join()
+
+
 # ---- one open of the path: both descriptors name one inode ---------------------------------
 
 
@@ -273,6 +390,45 @@ def test_from_fd_with_o_append_writes_at_the_offset(tmp_path, engine):
         np.testing.assert_array_equal(got, want)
         # the caller's descriptor is untouched: still O_APPEND
         assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "o_direct"])
+@pytest.mark.parametrize("engine", ["io_uring", "threads"])
+def test_from_fd_writes_at_the_offset_after_the_caller_sets_o_append(tmp_path, engine, direct):
+    """A writable descriptor adopted without O_APPEND, which the caller sets on it later
+    (fcntl F_SETFL): phoenix's buffered descriptor was a dup, one open file description
+    with the caller's, so its positioned writes (pwrite, io_uring) then appended. Phoenix
+    has a description of its own: the writes land at their offsets; the caller's flag
+    stays the caller's."""
+    path = tmp_path / "later.bin"
+    base = np.random.default_rng(3).integers(0, 256, 64 << 10, dtype=np.uint8)
+    base.tofile(path)
+    try:
+        fd = os.open(path, os.O_RDWR | (os.O_DIRECT if direct else 0))
+    except OSError:
+        pytest.skip("no O_DIRECT here")
+    try:
+        with ps.override(engine=engine), pio.PhxFile(None, "r+", fd=fd) as f:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+            new = np.random.default_rng(4).integers(0, 256, 3 * 4096 + 100, dtype=np.uint8)
+            assert f.write(new, new.size, 4000) == new.size  # unaligned head, aligned body, tail
+            small = np.arange(3, dtype=np.uint8)
+            assert f.write(small, 3, 100) == 3
+            got = np.full(base.size, POISON, dtype=np.uint8)
+            assert f.read(got) == base.size
+        want = base.copy()
+        want[4000 : 4000 + new.size] = new
+        want[100:103] = small
+        np.testing.assert_array_equal(got, want)
+        on_disk = np.fromfile(path, np.uint8)
+        assert on_disk.size == base.size, f"writes were appended: {on_disk.size} bytes, not {base.size}"
+        np.testing.assert_array_equal(on_disk, want)
+        assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND  # the caller's descriptor: as it set it
+        if not direct:
+            os.write(fd, b"C")  # and it appends
+            assert path.stat().st_size == base.size + 1
     finally:
         os.close(fd)
 

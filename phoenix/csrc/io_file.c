@@ -10,7 +10,8 @@
  *
  * A path is opened once; the other descriptor is a second open of the inode that open
  * returned, through /proc/self/fd (reopen_fd). Files without offsets are refused at open
- * (file_check_kind): phoenix does positioned I/O only.
+ * (file_check_kind), and so are, for writing, files that take no writes at an offset
+ * (file_check_pwrite): phoenix does positioned I/O only.
  */
 #include "io_file.h"
 #include "phx_testing.h"
@@ -84,6 +85,26 @@ static int file_check_kind(int fd, const struct stat *st)
         return -ESPIPE;
     if (!S_ISREG(st->st_mode) && !S_ISBLK(st->st_mode) && lseek(fd, 0, SEEK_CUR) < 0)
         return -ESPIPE; /* (no_llseek says ESPIPE; whatever it says, there are no offsets) */
+    return 0;
+}
+
+/* A file open for writing must take writes at an offset: some /proc files seek but refuse
+ * pwrite (ESPIPE: /proc/<pid>/comm), and an io_uring write ignores the offset there and
+ * writes anyway. A write of 0 bytes at offset 0 says which; on a file system it moves
+ * nothing and touches no time stamp. Any other answer (a file that refuses an empty
+ * write, or takes it) passes: its writes at offsets say the rest. */
+static int file_check_pwrite(int fd)
+{
+    static const char none[1];
+    return pwrite(fd, none, 0, 0) < 0 && errno == ESPIPE ? -ESPIPE : 0;
+}
+
+/* Clear O_NONBLOCK (set for the open: it never waits) once the file is known to have offsets. */
+static int fd_blocking(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || ((fl & O_NONBLOCK) && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0))
+        return -errno;
     return 0;
 }
 
@@ -199,8 +220,9 @@ int phx_file_open(const char *path, int flags, int perm, int direct, phx_file **
                 ((flags & PHX_F_EXCL) ? O_EXCL : 0);
     /* A FIFO or a socket is refused before it is opened: opening a FIFO waits for the
      * other side (and wakes a writer waiting for a reader, which then writes into a closed
-     * pipe). O_EXCL never opens an existing file. The fstat below catches a path that
-     * became one since. */
+     * pipe). O_EXCL never opens an existing file. A path that became one since is opened
+     * O_NONBLOCK, so that the open never waits, and refused by the fstat below; only then
+     * is O_NONBLOCK cleared. */
     struct stat st;
     if (!(flags & PHX_F_EXCL) && stat(path, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)))
         return -ESPIPE;
@@ -208,12 +230,22 @@ int phx_file_open(const char *path, int flags, int perm, int direct, phx_file **
     if (!f)
         return -ENOMEM;
     f->flags = flags;
-    f->fd_buf = open(path, first, perm ? perm : 0644);
-    if (f->fd_buf < 0)
-        return file_fail(f, -errno);
+    f->fd_buf = open(path, first | O_NONBLOCK, perm ? perm : 0644);
+    if (f->fd_buf < 0) {
+        /* ENXIO: a FIFO with no reader (opened O_WRONLY | O_NONBLOCK) or a socket; from
+         * no file with offsets but a device without its hardware */
+        int e = errno;
+        if (e == ENXIO && !(stat(path, &st) == 0 && (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))))
+            e = ESPIPE;
+        return file_fail(f, -e);
+    }
     if (fstat(f->fd_buf, &st) != 0)
         return file_fail(f, -errno);
     int rc = file_check_kind(f->fd_buf, &st);
+    if (!rc)
+        rc = fd_blocking(f->fd_buf);
+    if (!rc && (flags & PHX_F_WRITE))
+        rc = file_check_pwrite(f->fd_buf);
     if (!rc)
         rc = file_setup_direct(f, direct, path, base, &st, -1);
     if (rc < 0)
@@ -245,25 +277,44 @@ int phx_file_from_fd(int fd, int direct, phx_file **out)
                ((fl & O_DSYNC) ? PHX_F_SYNC : 0);
     int base = acc | O_CLOEXEC | (fl & O_DSYNC);
     int fd_direct = -1;
-    /* The buffered descriptor: a dup, unless the caller's open file description carries
-     * a flag ours must not have -- O_DIRECT (phoenix's own, below), O_APPEND (Linux then
-     * appends every write, whatever its offset) -- which a dup would share and clearing
-     * it would clear for the caller: then a new description of the inode. */
-    int own = (fl & O_DIRECT) || ((fl & O_APPEND) && acc != O_RDONLY);
-    if (own) {
-        int nfd = reopen_fd(fd, NULL, base, &st);
+    /* The buffered descriptor: a new open file description of the inode where the
+     * caller's carries a flag ours must not have -- O_DIRECT (phoenix's own, below),
+     * O_APPEND (Linux then appends every write, whatever its offset) -- which a dup would
+     * share and clearing it would clear for the caller; and for every writable regular
+     * file or block device, whose flags the caller may still change (a later
+     * F_SETFL O_APPEND on a shared description would redirect phoenix's writes). A dup
+     * otherwise, and where no new description can be had without O_APPEND or O_DIRECT
+     * at stake (no /proc, the inode's permissions changed since the caller's open). */
+    int must = (fl & O_DIRECT) || ((fl & O_APPEND) && acc != O_RDONLY);
+    int own = must || (acc != O_RDONLY && (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode)));
+    int nfd = own ? reopen_fd(fd, NULL, base | O_NONBLOCK, &st) : -1;
+    if (nfd >= 0 && (rc = fd_blocking(nfd)) < 0) {
+        close(nfd);
+        return file_fail(f, rc);
+    }
+    if (must) {
         if (nfd < 0) /* no /proc (ENOENT): with O_APPEND no write would land at its offset */
             return file_fail(f, nfd == -ENOENT && !(fl & O_DIRECT) ? -EINVAL : nfd);
         f->fd_buf = nfd;
         if ((fl & O_DIRECT) && direct != PHX_DIRECT_OFF) {
-            fd_direct = (fl & O_APPEND) ? reopen_fd(fd, NULL, base | O_DIRECT, &st) : fcntl(fd, F_DUPFD_CLOEXEC, 0);
+            /* writable: a description of its own too (O_APPEND set now or later), else a dup */
+            fd_direct = acc != O_RDONLY ? reopen_fd(fd, NULL, base | O_DIRECT, &st) : -ENOENT;
+            if (fd_direct < 0 && !(fl & O_APPEND) && (fd_direct = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0)
+                fd_direct = -errno;
             if (fd_direct < 0)
-                return file_fail(f, (fl & O_APPEND) ? fd_direct : -errno);
+                return file_fail(f, fd_direct);
         }
+    } else if (nfd >= 0) {
+        f->fd_buf = nfd;
     } else {
         f->fd_buf = fcntl(fd, F_DUPFD_CLOEXEC, 0);
         if (f->fd_buf < 0)
             return file_fail(f, -errno);
+    }
+    if (acc != O_RDONLY && (rc = file_check_pwrite(f->fd_buf)) < 0) {
+        if (fd_direct >= 0)
+            close(fd_direct);
+        return file_fail(f, rc);
     }
     rc = file_setup_direct(f, direct, NULL, base, &st, fd_direct);
     if (rc < 0)

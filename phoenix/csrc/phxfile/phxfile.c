@@ -6,9 +6,10 @@
  * C API under PyGILState_Ensure) for what only the control plane knows: the vendor
  * selected by PHX_VENDOR, a core context built with that vendor's data-path table, and
  * the core's entry points (the C core phoenix._phxcore already loaded in the process:
- * one registration table, one host-vendor arena). Buffer registration asks Python once
- * per vendor allocation where the memory lives (host, device, device the CPU can
- * address); LMCache's many adjacent 16 MiB regions of one tensor hit a cache.
+ * one registration table, one host-vendor arena). Buffer registration asks Python where
+ * the memory lives (host, device, device the CPU can address), every time: nothing is
+ * cached, since an allocation freed and made again at the same address (another size,
+ * another kind) is seen by no call of this library.
  *
  * The I/O path (phxFileReadAsync / phxFileWriteAsync) never takes the GIL for a
  * registered buffer: a registration lookup (binary search in the core), then
@@ -31,8 +32,8 @@
  * deadlocks with the holder of that lock waiting for the GIL. Hence the rule: nobody
  * blocks on a lock of this file while holding the GIL. open_lock (serializes open and
  * close, and what they ask Python) is taken with the GIL let go for the wait
- * (open_lock_take), so its order is open_lock, then the GIL; state_lock, regs_lock and
- * cls_lock are taken without the GIL (or without waiting) and held across no GIL
+ * (open_lock_take), so its order is open_lock, then the GIL; state_lock and regs_lock
+ * are taken without the GIL (or without waiting) and held across no GIL
  * acquisition. The I/O path of a registered buffer takes only state_lock (shared), and
  * never the GIL. Calls work from any thread (a Python thread, with or without the GIL, or
  * a thread Python never saw); once the interpreter is finalizing, Python is asked nothing
@@ -67,8 +68,7 @@ struct phxfile_core {
 };
 
 struct phxfile_class {
-    int32_t mem, device;           /* enum phx_mem, device ordinal */
-    uint64_t alloc_base, alloc_size; /* the vendor allocation holding the extent (0: unknown) */
+    int32_t mem, device; /* enum phx_mem, device ordinal */
 };
 
 typedef int (*file_from_fd_fn)(int, int, phx_file **);
@@ -106,6 +106,13 @@ static struct {
     PyObject *(*ErrOccurred)(void);
     void (*ErrPrint)(void);
     int (*IsFinalizing)(void); /* Py_IsFinalizing (3.13+) or _Py_IsFinalizing; may be NULL */
+    /* handing KeyboardInterrupt / SystemExit back to the main thread (py_failed); all or none */
+    int (*ExceptionMatches)(PyObject *);
+    void (*Fetch)(PyObject **, PyObject **, PyObject **);
+    void (*Restore)(PyObject *, PyObject *, PyObject *);
+    void (*Clear)(void);
+    int (*AddPendingCall)(int (*)(void *), void *);
+    PyObject **KeyboardInterrupt, **SystemExit; /* the PyExc_* variables */
 } py;
 static pthread_mutex_t py_bind_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -128,6 +135,16 @@ static int py_bind(void)
         SYM(IsFinalizing, "Py_IsFinalizing");
         if (!py.IsFinalizing)
             SYM(IsFinalizing, "_Py_IsFinalizing");
+        SYM(ExceptionMatches, "PyErr_ExceptionMatches");
+        SYM(Fetch, "PyErr_Fetch");
+        SYM(Restore, "PyErr_Restore");
+        SYM(Clear, "PyErr_Clear");
+        SYM(AddPendingCall, "Py_AddPendingCall");
+        SYM(KeyboardInterrupt, "PyExc_KeyboardInterrupt");
+        SYM(SystemExit, "PyExc_SystemExit");
+        if (!(py.ExceptionMatches && py.Fetch && py.Restore && py.Clear && py.AddPendingCall && py.KeyboardInterrupt &&
+              py.SystemExit))
+            py.KeyboardInterrupt = NULL; /* not handed back: printed, as any other exception */
 #undef SYM
         if (py.IsInitialized && py.GILEnsure && py.GILRelease && py.SaveThread && py.RestoreThread && py.Import &&
             py.CallMethod && py.AsLongLong && py.DecRef && py.ErrOccurred && py.ErrPrint)
@@ -141,28 +158,62 @@ static int py_bind(void)
     return ok;
 }
 
+struct raised {
+    PyObject *type, *value, *tb;
+};
+
+/* A pending call (main thread, GIL held): raise what py_failed handed back. */
+static int reraise(void *arg)
+{
+    struct raised *r = arg;
+    py.Restore(r->type, r->value, r->tb);
+    free(r);
+    return -1;
+}
+
+/* Python raised under py_call. KeyboardInterrupt and SystemExit (a signal handler that
+ * ran inside the call: Ctrl-C, or one that exits) are the caller's, not this library's:
+ * PyErr_Print would exit the process for SystemExit and swallow the interrupt. They are
+ * handed back to the main thread (raised there at its next check, once the call has
+ * returned) and the call fails with -EINTR. Anything else: its traceback goes to stderr,
+ * and `rc`. */
+static int py_failed(int rc)
+{
+    if (py.KeyboardInterrupt &&
+        (py.ExceptionMatches(*py.KeyboardInterrupt) || py.ExceptionMatches(*py.SystemExit))) {
+        struct raised *r = malloc(sizeof(*r));
+        if (r) {
+            py.Fetch(&r->type, &r->value, &r->tb);
+            if (py.AddPendingCall(reraise, r) == 0)
+                return -EINTR;
+            py.Restore(r->type, r->value, r->tb);
+            free(r);
+        }
+        py.Clear();
+        fprintf(stderr, "libphxfile: a KeyboardInterrupt or SystemExit raised inside a call could not be handed "
+                        "back to the main thread: dropped\n");
+        return -EINTR;
+    }
+    py.ErrPrint();
+    return rc;
+}
+
 /* Call phoenix.phxfile.<fn>(a, b, c) with the GIL held by the caller; its int result
- * (0 or -errno), -EIO when Python raised (the traceback goes to stderr). */
+ * (0 or -errno); when Python raised, py_failed's (-EIO, -ENOENT, -EINTR). */
 static int py_call(const char *fn, uint64_t a, uint64_t b, uint64_t c)
 {
     PyObject *mod = py.Import("phoenix.phxfile");
-    if (!mod) {
-        py.ErrPrint();
-        return -ENOENT;
-    }
+    if (!mod)
+        return py_failed(-ENOENT);
     PyObject *res = py.CallMethod(mod, fn, "KKK", (unsigned long long)a, (unsigned long long)b,
                                   (unsigned long long)c);
     py.DecRef(mod);
-    if (!res) {
-        py.ErrPrint();
-        return -EIO;
-    }
+    if (!res)
+        return py_failed(-EIO);
     long long v = py.AsLongLong(res);
     py.DecRef(res);
-    if (py.ErrOccurred()) {
-        py.ErrPrint();
-        return -EIO;
-    }
+    if (py.ErrOccurred())
+        return py_failed(-EIO);
     return v > 0 ? 0 : (int)v;
 }
 
@@ -197,20 +248,30 @@ static pthread_mutex_t regs_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct myreg *regs;
 static size_t nregs, capregs;
 
-/* Last vendor allocation classified (LMCache registers one tensor as many regions).
- * cls_gen counts invalidations: an answer asked for before one is not cached after it. */
-static pthread_mutex_t cls_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct phxfile_class cls_cache;
-static int cls_valid;
-static uint64_t cls_gen;
+/* fork. The child has one thread: the parent's context (its workers, the stream ops it
+ * queued) and handles are not the child's, and a lock some other thread held at the fork
+ * stays held for good. The child starts closed, with fresh locks: its first call opens a
+ * driver of its own (the parent's context and handles are left alone, not destroyed:
+ * that would wait for threads the child does not have). regs_lock is held across the
+ * fork (never held across a GIL acquisition, so the forking thread, which holds the GIL,
+ * gets it): the child keeps a consistent list of the registrations it inherited in the
+ * core's table, which its own DriverClose drops. */
+static void fork_prepare(void) { pthread_mutex_lock(&regs_lock); }
 
-static void cls_invalidate(void)
+static void fork_parent(void) { pthread_mutex_unlock(&regs_lock); }
+
+static void fork_child(void)
 {
-    pthread_mutex_lock(&cls_lock);
-    cls_valid = 0;
-    cls_gen++;
-    pthread_mutex_unlock(&cls_lock);
+    pthread_mutex_init(&regs_lock, NULL);
+    pthread_mutex_init(&open_lock, NULL);
+    pthread_rwlock_init(&state_lock, NULL);
+    pthread_mutex_init(&py_bind_lock, NULL);
+    ctx = NULL;
+    handles = NULL;
+    atomic_store(&opened, 0);
 }
+
+__attribute__((constructor)) static void phxfile_init(void) { pthread_atfork(fork_prepare, fork_parent, fork_child); }
 
 /* Take open_lock; the caller holds the GIL (PyGILState_Ensure). A busy lock is waited for
  * with the GIL let go: its holder may be running Python, which needs the GIL back. */
@@ -300,7 +361,6 @@ PHXFILE_API int phxFileDriverClose(void)
         regs = NULL;
         nregs = capregs = 0;
         pthread_mutex_unlock(&regs_lock);
-        cls_invalidate();
 
         /* closing waits for the stream ops still queued */
         while (hs) {
@@ -330,18 +390,12 @@ PHXFILE_API int phxFileDriverClose(void)
 
 /* ---- buffers ------------------------------------------------------------------------ */
 
-/* Where [addr, addr+len) lives: the cache, else Python (takes the GIL: call with no lock held). */
+/* Where [addr, addr+len) lives: asked of Python at every call (takes the GIL: call with no
+ * lock held). No cache: the vendor allocation holding it may have been freed and made
+ * again, smaller or of another kind, since the last call (a stale extent let I/O run past
+ * the new allocation). */
 static int classify(uint64_t addr, uint64_t len, struct phxfile_class *out)
 {
-    pthread_mutex_lock(&cls_lock);
-    if (cls_valid && cls_cache.alloc_size && addr >= cls_cache.alloc_base &&
-        addr + len <= cls_cache.alloc_base + cls_cache.alloc_size) {
-        *out = cls_cache;
-        pthread_mutex_unlock(&cls_lock);
-        return 0;
-    }
-    uint64_t gen = cls_gen;
-    pthread_mutex_unlock(&cls_lock);
     if (!py_usable())
         return -ESHUTDOWN;
     struct phxfile_class c;
@@ -351,14 +405,6 @@ static int classify(uint64_t addr, uint64_t len, struct phxfile_class *out)
     py.GILRelease(g);
     if (rc < 0)
         return rc;
-    if (c.alloc_size) {
-        pthread_mutex_lock(&cls_lock);
-        if (gen == cls_gen) { /* not invalidated (a Deregister, a close) meanwhile */
-            cls_cache = c;
-            cls_valid = 1;
-        }
-        pthread_mutex_unlock(&cls_lock);
-    }
     *out = c;
     return 0;
 }
@@ -452,7 +498,6 @@ PHXFILE_API int phxFileBufDeregister(const void *addr)
         }
     } /* an unknown base is tolerated (LMCache's teardown deregisters what it may not have registered) */
     pthread_mutex_unlock(&regs_lock);
-    cls_invalidate(); /* the allocation may be freed next: classify afresh */
     return 0;
 }
 
