@@ -636,14 +636,19 @@ def check(name: str, directory: str | None = None, kdir: str | None = None, comp
     if have_rt:
         try:
             _, cls = _load_runtime_class(name, runtime_py)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() at import is the port's failure, not ours
             import traceback
 
             tb = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == runtime_py]
+            what = (
+                f"it called sys.exit({exc.code!r}) at import"
+                if isinstance(exc, SystemExit)
+                else f"{type(exc).__name__}: {exc}"
+            )
             rep.add(
                 "error",
                 "import",
-                f"runtime.py does not import: {type(exc).__name__}: {exc}",
+                f"runtime.py does not import: {what}",
                 runtime_py,
                 tb[-1].lineno if tb else getattr(exc, "lineno", None),
             )

@@ -64,10 +64,8 @@ class VendorEntry:
                 if not (isinstance(cls, type) and issubclass(cls, VendorRuntime)):
                     raise TypeError(f"{self.location} has no Runtime class derived from phoenix.vendor.VendorRuntime")
                 self._cls = cls
-            except Exception as exc:  # a broken vendor must not stop the others
-                tb = traceback.extract_tb(exc.__traceback__)
-                where = f" ({tb[-1].filename}:{tb[-1].lineno})" if tb else ""
-                self._error = f"import failed: {type(exc).__name__}: {exc}{where}"
+            except (Exception, SystemExit) as exc:  # a broken vendor must not stop the others (nor exit)
+                self._error = import_failure(exc)
         return self._cls
 
     @property
@@ -88,6 +86,16 @@ class VendorEntry:
     def is_test_double(self) -> bool:
         cls = self.load()
         return bool(cls and cls.is_test_double)
+
+
+def import_failure(exc: BaseException) -> str:
+    """``import failed: <error> (<file>:<line>)`` for a vendor module that raised (or called
+    sys.exit()) while importing."""
+    what = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, SystemExit):
+        what = f"it called sys.exit({exc.code!r}) at import"
+    tb = traceback.extract_tb(exc.__traceback__)
+    return f"import failed: {what}" + (f" ({tb[-1].filename}:{tb[-1].lineno})" if tb else "")
 
 
 def _module_loader(modname: str):

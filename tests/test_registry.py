@@ -194,6 +194,33 @@ def test_import_error_reported_and_isolated(tmp_path, monkeypatch):
     assert registry.get_runtime("host").name == "host"
 
 
+EXITS = """
+    import sys
+
+    sys.exit("no device here")
+"""
+
+
+def test_a_vendor_that_exits_at_import_is_an_import_failure(tmp_path, monkeypatch):
+    """sys.exit() in a vendor's module is that vendor's import failure, not the process ending."""
+    from phoenix import portcheck
+
+    monkeypatch.setenv("PHX_VENDOR_PATH", str(make_vendors(tmp_path, exits=EXITS)))
+    found = registry.discover()
+    entry = found["exits"]
+    assert entry.load() is None
+    assert "sys.exit('no device here')" in entry.error, entry.error
+    assert entry.error.endswith(f"({tmp_path / 'exits' / 'runtime.py'}:4)"), entry.error
+    assert not entry.probe().usable
+    with pytest.raises(VendorUnavailable, match="sys.exit"):
+        registry.select("exits")
+    sel = registry.select("auto", found)  # the others are untouched
+    assert "sys.exit" in sel.skipped["exits"]
+    rep = portcheck.check("exits", compile_kernel=False)
+    (imp,) = [f for f in rep.findings if f.topic == "import"]
+    assert imp.level == "error" and "sys.exit('no device here')" in imp.message and imp.line == 4, imp
+
+
 def test_selecting_the_broken_vendor_says_why(tmp_path, monkeypatch):
     monkeypatch.setenv("PHX_VENDOR_PATH", str(make_vendors(tmp_path, boom=BOOM)))
     with pytest.raises(VendorUnavailable, match="broken on purpose"):
