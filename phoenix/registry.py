@@ -90,12 +90,27 @@ class VendorEntry:
 
 def import_failure(exc: BaseException) -> str:
     """``import failed: <error> (<file>:<line>)`` for a vendor module that raised (or called
-    sys.exit()) while importing."""
+    sys.exit()) while importing; the place is in the vendor's own code, not the importer's."""
     what = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, SystemExit):
         what = f"it called sys.exit({exc.code!r}) at import"
-    tb = traceback.extract_tb(exc.__traceback__)
-    return f"import failed: {what}" + (f" ({tb[-1].filename}:{tb[-1].lineno})" if tb else "")
+    where = failure_place(exc)
+    return f"import failed: {what}" + (f" ({where[0]}:{where[1]})" if where else "")
+
+
+def failure_place(exc: BaseException) -> tuple[str, int] | None:
+    """Where a vendor's import failed: the deepest frame in the directory of the first module
+    the import ran (the vendor's; a library it called, phoenix's importer and importlib's
+    frames are not the vendor's code); a syntax error's own file and line."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return exc.filename, exc.lineno or 0
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+    top = next((f for f in frames if f.name == "<module>"), None)
+    if top is None:  # not raised by a module's code (the Runtime check above): no place of its
+        return None
+    home = os.path.dirname(top.filename)
+    mine = [f for f in frames if os.path.dirname(f.filename) == home]
+    return mine[-1].filename, mine[-1].lineno
 
 
 def _module_loader(modname: str):

@@ -221,6 +221,40 @@ def test_a_vendor_that_exits_at_import_is_an_import_failure(tmp_path, monkeypatc
     assert imp.level == "error" and "sys.exit('no device here')" in imp.message and imp.line == 4, imp
 
 
+FAILS_IN_A_LIBRARY = """
+    import json
+
+    SETTINGS = json.loads("{not json")
+"""
+
+FAILS_IN_A_HELPER = """
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "helper_of_this_vendor.py")
+    spec = importlib.util.spec_from_file_location("helper_of_this_vendor", path)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+"""
+
+
+def test_import_failure_names_the_vendors_own_line(tmp_path, monkeypatch):
+    """The place of an import failure is the vendor's file and line, not phoenix's importer,
+    importlib's or a library's frame."""
+    make_vendors(
+        tmp_path, inlib=FAILS_IN_A_LIBRARY, syntax="x = 1\ndef (:\n", missing="x = 1\nimport no_such_module_q\n"
+    )
+    make_vendors(tmp_path, helper=FAILS_IN_A_HELPER)
+    (tmp_path / "helper" / "helper_of_this_vendor.py").write_text("x = 1\n\nraise OSError('no /dev/acme0')\n")
+    monkeypatch.setenv("PHX_VENDOR_PATH", str(tmp_path))
+    found = registry.discover()
+    expect = {"inlib": ("runtime.py", 4), "syntax": ("runtime.py", 2), "missing": ("runtime.py", 2)}
+    expect["helper"] = ("helper_of_this_vendor.py", 3)
+    for name, (file, line) in expect.items():
+        error = found[name].error
+        assert error.endswith(f"({tmp_path / name / file}:{line})"), (name, error)
+        assert "registry.py" not in error and "importlib" not in error, error
+
+
 def test_selecting_the_broken_vendor_says_why(tmp_path, monkeypatch):
     monkeypatch.setenv("PHX_VENDOR_PATH", str(make_vendors(tmp_path, boom=BOOM)))
     with pytest.raises(VendorUnavailable, match="broken on purpose"):
