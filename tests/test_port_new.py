@@ -189,6 +189,49 @@ def test_refusals(ports, tmp_path):
     assert not list(tmp_path.iterdir()), "a refused request writes nothing"
 
 
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["new", "a234567890123456"], ["'a234567890123456'", "16 characters", "at most 15"]),
+        (["new", "acmenl\n"], ["'acmenl\\n'", "lowercase"]),
+        (["new", "zzz", "--prefix", "z"], ["--prefix 'z'", "--like cuda"]),
+        (["new", "zzz", "--pci-vendor", ""], ["--pci-vendor ''", "0xNNNN"]),
+        (["new", "zzz", "--out", ""], ["--out is empty"]),
+        (["new", "zzz", "--vendors-dir", ""], ["--vendors-dir is empty"]),
+        (["new", "zzz", "--like", "cuda", "--prefix", "z\n", "--lib", "libz.so"], ["not a C identifier"]),
+        (["new", "zzz", "--like", "cuda", "--prefix", "z", "--lib", "libz.so\n"], ["--lib", "lib<name>.so"]),
+        (["check", "a234567890123456", "--dir", "."], ["16 characters", "at most 15"]),
+        (["check", "host\n"], ["'host\\n'", "lowercase"]),
+        (["check", "host", "--dir", ""], ["--dir is empty"]),
+        (["check", "host", "--kdir", ""], ["--kdir is empty"]),
+    ],
+)
+def test_names_paths_and_options_refused_before_any_work(tmp_path, monkeypatch, capsys, args, words):
+    """A name the kernel would refuse, a name with a newline, an empty path (else the default, the
+    checkout's vendors/), a prefix without --like, an empty --pci-vendor: one line, exit 2, nothing written."""
+    from phoenix.cli import port
+
+    vendors = REPO / "vendors"
+    before = sorted(os.listdir(vendors)) if vendors.is_dir() else []
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PHX_DEBUG", raising=False)
+    if args[0] == "new" and "--vendors-dir" not in args and "--out" not in args:
+        args = [*args, "--vendors-dir", str(tmp_path / "v")]
+    try:
+        rc = port.main(args)
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        assert rc == 2 and len(lines) == 1, (rc, err)
+        assert lines[0].startswith(f"phx-port {args[0]}: "), lines[0]
+        for word in words:
+            assert word in lines[0], (word, lines[0])
+        assert not list(tmp_path.iterdir()), "a refused request writes nothing"
+    finally:  # a port the old code wrote into the checkout is taken out again
+        for made in set(os.listdir(vendors) if vendors.is_dir() else []) - set(before):
+            shutil.rmtree(vendors / made)
+            pytest.fail(f"written into the checkout: vendors/{made}")
+
+
 def test_never_overwrites(tmp_path):
     (tmp_path / "acme2").mkdir()
     (tmp_path / "acme2" / "runtime.py").write_text("# mine\n")

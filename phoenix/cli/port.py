@@ -275,7 +275,7 @@ def cmd_new(args) -> int:
             like=args.like,
             prefix=args.prefix,
             library=args.library,
-            pci_vendor=scaffold.parse_pci_vendor(args.pci_vendor) if args.pci_vendor else None,
+            pci_vendor=scaffold.parse_pci_vendor(args.pci_vendor) if args.pci_vendor is not None else None,
             page_size=scaffold.parse_page_size(args.page_size),
             out=args.out,
             vendors_dir=args.vendors_dir,
@@ -310,9 +310,21 @@ def cmd_new(args) -> int:
     return 0
 
 
+def check_args(args) -> None:
+    """Refuse, before any check runs, what ``phx-port check`` cannot use: a name no port can
+    have, an empty --dir or --kdir (else silently the default)."""
+    from phoenix import scaffold
+
+    scaffold.validate_name_shape(args.name)
+    for option, path in (("--dir", args.dir), ("--kdir", args.kdir)):
+        if path is not None and not path.strip():
+            raise scaffold.ScaffoldError(f"{option} is empty: give a directory (or leave {option} out)")
+
+
 def cmd_check(args) -> int:
     from phoenix import portcheck
 
+    check_args(args)
     rep = portcheck.check(args.name, directory=args.dir, kdir=args.kdir, compile_kernel=not args.no_kernel_build)
     if rep.directory is None:
         print(f"phx-port check: {rep.findings[0].message}", file=sys.stderr)
