@@ -255,7 +255,7 @@ class NewPort:
         return {
             "name": self.name,
             "NAME": self.name.upper(),
-            "name_pad": " " * len(self.name),
+            "name_pad": " " * (len(self.name) + 2),  # aligns under phx_<name>_get_pages( after 3 tabs
             "title": title,
             "like": self.like,
             "prefix": self.prefix or "",

@@ -423,6 +423,33 @@ def test_check_kernel_build_reports_lines(ports, tmp_path):
     assert f.level == "error" and f"{d / 'p2p.c'}:{i + 1}:" in f.message
 
 
+def _new_in_process(*argv: str) -> None:
+    from phoenix.cli import port
+
+    assert port.main(["new", *argv]) == 0
+
+
+def _stub_syntax_check(name: str, p2p: Path) -> None:
+    """p2p.c against phoenix's stub kernel headers (-Wall -Werror), where kernel/ and gcc are here."""
+    f = portcheck.compile_kernel_file(name, str(p2p), kdir="none")
+    if f.level != "skip":
+        assert f.level == "ok", f.message
+
+
+def test_kernel_file_names_are_the_ports_own(tmp_path):
+    """Every name p2p.c defines is phx_<name>_* (PHX_<NAME>_* for macros): a port named after a
+    kernel name (kref: kref_init) or a driver's symbol prefix does not redefine it."""
+    _new_in_process("kref", "--vendors-dir", str(tmp_path))
+    text = (tmp_path / "kref" / "p2p.c").read_text()
+    defined = re.findall(r"^static\b[^(=;\[]*?\b(\w+)\s*[(=;\[]", text, re.M)
+    macros = [m for m in re.findall(r"^#define\s+(\w+)", text, re.M) if m != "pr_fmt"]
+    assert len(defined) >= 15 and len(macros) >= 3, (defined, macros)
+    assert [d for d in defined if not d.startswith("phx_kref_")] == []
+    assert [m for m in macros if not m.startswith("PHX_KREF_")] == []
+    assert not re.search(r"(?<![\w])kref_(?!p2p_pin_memory)\w*\s*\(", text.replace("phx_kref_", "")), "a kref_* call"
+    _stub_syntax_check("kref", tmp_path / "kref" / "p2p.c")
+
+
 def test_different_page_size_is_written_on_both_sides(tmp_path):
     out = phx_port("new", "bigpage", "--page-size", "2M", "--vendors-dir", str(tmp_path))
     assert out.returncode == 0, out.stderr
