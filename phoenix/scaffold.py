@@ -201,6 +201,29 @@ def in_tree_vendors_dir() -> str:
     )
 
 
+#: where a generated file records the command line that made it: p2p.c's /* */ comment,
+#: runtime.py's docstring, pyproject.toml's # comment, README.md's code span
+COMMENT_SYNTAX = ("c", "py", "toml", "md")
+
+
+def comment_text(text: str, syntax: str) -> str:
+    """``text`` as one line that cannot end the comment (or string) it is written into: control
+    characters (a newline ends a # comment) as their escapes, and per ``syntax`` ``*/`` and ``/*``
+    (a C comment), backslashes and quotes (a docstring), or a code span fenced past its backticks."""
+    text = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+    if syntax == "c":  # `*/` first: after it no `*` is followed by `/`, so `/\*` cannot make one
+        return text.replace("*/", "*\\/").replace("/*", "/\\*")
+    if syntax == "py":
+        return text.replace("\\", "\\\\").replace('"', '\\"')
+    if syntax == "md":
+        fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+        pad = " " if text.startswith("`") or text.endswith("`") else ""
+        return f"{fence}{pad}{text}{pad}{fence}"
+    if syntax == "toml":
+        return text
+    raise ValueError(f"comment syntax {syntax!r}: one of {', '.join(COMMENT_SYNTAX)}")
+
+
 @dataclass
 class NewPort:
     """What ``phx-port new`` was asked for."""
@@ -271,7 +294,11 @@ class NewPort:
             "page_size_text": size_text(self.page_size),
             "ops": _operations_for_template(),
             "probe_doc": inspect.getdoc(VendorRuntime.probe) or "",
-            "command": self.command or f"phx-port new {self.name}",
+            # the command line, as each file's comment or docstring can hold it (the path options are free text)
+            **{
+                f"command_{syntax}": comment_text(self.command or f"phx-port new {self.name}", syntax)
+                for syntax in COMMENT_SYNTAX
+            },
             "phoenix_version": __version__,
             "package": package,
             "module": module,
