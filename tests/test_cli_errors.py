@@ -249,6 +249,9 @@ def test_kv_trace_mistakes(tmp_path):
         (["--ssd", "1000T"], ["--ssd", "more than the 4194304 a tier indexes"]),
         (["--seed", "-1"], ["--seed", "at least 0"]),
         (["--hidden", "-5"], ["--hidden", "at least 0"]),
+        (["--warm-start", "1.5"], ["--warm-start", "'1.5'", "between 0 and 1"]),
+        (["--warm-start", "-0.1"], ["--warm-start", "'-0.1'", "between 0 and 1"]),
+        (["--warm-start", "nan"], ["--warm-start", "'nan'", "between 0 and 1"]),
     ],
 )
 def test_kv_trace_bad_option_values(tmp_path, extra, names):

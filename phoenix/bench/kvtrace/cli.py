@@ -80,6 +80,17 @@ def _seconds(text: str) -> float:
     return x
 
 
+def _fraction(text: str) -> float:
+    """An argparse type: a number between 0 and 1."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= x <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be between 0 and 1 (a fraction of a session's rounds)")
+    return x
+
+
 def _factor(text: str) -> float:
     """An argparse type: 0 (off), or a multiple of the threshold of at least 1."""
     x = nonnegative_float(text)
@@ -164,7 +175,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--warm-start",
-        type=nonnegative_float,
+        type=_fraction,
         default=0.6,
         help="initial sessions start at a round drawn from the first FRACTION of their rounds, their history "
         "already cached (default 0.6; 0: from round 0)",
