@@ -63,6 +63,24 @@ package in the phoenix.vendors group), PHX_VENDOR_PATH (a directory holding
 """
 
 
+#: the longest --test-timeout (about 11.6 days): past it a number is a typo, not a limit
+TEST_TIMEOUT_MAX = 1e6
+
+
+def test_timeout(text: str) -> float:
+    """An argparse type: seconds from 0 (no limit) to :data:`TEST_TIMEOUT_MAX`."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= x <= TEST_TIMEOUT_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r}: give seconds from 0 (no limit) to {TEST_TIMEOUT_MAX:.0f}")
+    return x
+
+
+test_timeout.__test__ = False  # not a test, for pytest's collection of a module importing it
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="phx-port",
@@ -105,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--test-timeout",
-        type=float,
+        type=test_timeout,
         default=120.0,
         metavar="SECONDS",
         help="a single test running longer is stopped and counted as failed (default 120; 0: none)",
