@@ -125,6 +125,60 @@ def test_read_only_file_keeps_the_reads(tmp_path, modes_hold):
     assert "stopped by an error" in p.stdout and "read      cold" in p.stdout and "columns:" in p.stdout
 
 
+# ---- output destinations: checked before the run, not at its end -----------------------------------
+
+KV_DRY = ["kv-trace", "--dry-run", "--configs", "dram,phoenix", "--concurrency", "1"]
+# (prog, argv before the destination, the option, the work's first file: it must not appear)
+DESTINATIONS = {
+    "bench --json": ("phx bench", ["--file", "{work}", *SMALL], "--json"),
+    "bench --plot": ("phx bench", ["--file", "{work}", *SMALL], "--plot"),
+    "kv-trace --json": ("phx bench kv-trace", [*KV_DRY, "--slab", "{work}"], "--json"),
+    "kv-trace --plot": ("phx bench kv-trace", [*KV_DRY, "--slab", "{work}"], "--plot"),
+    "kv-trace gen --out": ("phx bench kv-trace gen", ["kv-trace", "gen", "--sessions", "2"], "--out"),
+    "kv-trace plot --out": ("phx bench kv-trace plot", ["kv-trace", "plot", "{records}"], "--out"),
+    "loader --json": (
+        "phx bench loader",
+        ["loader", "{work}", "--device", "cpu", "--make", "8M", "--reps", "1"],
+        "--json",
+    ),
+    "loadlat --json": ("phx bench loadlat", ["loadlat", "--file", "{work}", "--size", "8M", "--block", "1M"], "--json"),
+}
+
+
+def _destination_case(tmp_path, case, dest):
+    prog, argv, option = DESTINATIONS[case]
+    records = tmp_path / "run.json"
+    records.write_text(json.dumps([{"config": "dram", "concurrency": 1, "threshold_s": 5.0, "skipped": "not run"}]))
+    work = tmp_path / "work.bin"
+    argv = [a.format(work=work, records=records) for a in argv]
+    return prog, PHX + ["bench", *argv, option, str(dest)], option, work
+
+
+@pytest.mark.parametrize("case", list(DESTINATIONS))
+@pytest.mark.parametrize("problem", ["no directory", "a directory"])
+def test_output_destinations_are_checked_before_the_run(tmp_path, case, problem):
+    dest = tmp_path / "no" / "such" / "out.x" if problem == "no directory" else tmp_path
+    prog, cmd, option, work = _destination_case(tmp_path, case, dest)
+    p = _run_cmd(cmd)
+    words = [str(dest.parent), "does not exist"] if problem == "no directory" else ["is a directory"]
+    assert_one_line(p, prog, option, *words)
+    assert not work.exists() and not (tmp_path / "no").exists(), "work was done before the refusal"
+
+
+@pytest.mark.parametrize("case", ["bench --json", "kv-trace gen --out"])
+def test_output_destination_in_a_read_only_directory(tmp_path, modes_hold, case):
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o555)
+    try:
+        prog, cmd, option, work = _destination_case(tmp_path, case, d / "out.x")
+        p = _run_cmd(cmd, preexec_fn=modes_hold)
+    finally:
+        d.chmod(0o755)
+    assert_one_line(p, prog, option, "read-only", "writable directory")
+    assert not work.exists() and not list(d.iterdir())
+
+
 def test_bad_chunk_size_setting(tmp_path):
     p = _run_cmd(PHX + ["bench", "--file", str(tmp_path / "b.bin"), *SMALL], env={"PHX_CHUNK_SIZE": "abc"})
     assert_one_line(p, "phx bench", "PHX_CHUNK_SIZE", "'abc'")

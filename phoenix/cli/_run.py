@@ -237,6 +237,29 @@ def nonnegative_float(text: str) -> float:
     return x
 
 
+def output_file(text: str) -> str:
+    """An argparse type: a file a command writes (``--json``, ``--plot``, ``--out``), checked when
+    the command line is read, so that a run is not lost at its end for a bad destination: not a
+    directory, in a directory that exists and may be written (the file may be replaced through a
+    temporary one beside it), and, if it exists, writable."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty: give a file path")
+    path = os.path.abspath(text)
+    parent = os.path.dirname(path)
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{text} is a directory: give a file path (e.g. {os.path.join(text, 'out')})")
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"{text}: its directory {parent} does not exist; create it or give another")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: the directory {parent} is read-only; give a writable directory")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text} exists and is read-only; give a file you may write")
+    return text
+
+
+output_file.__name__ = "file"
+
+
 def comma_list(choices: Iterable[str] | None = None, item: Callable[[str], object] = str) -> Callable[[str], list]:
     """An argparse type for ``a,b,c``: each item converted by ``item`` and, with ``choices``,
     one of them (else the error lists the valid values); at least one item."""

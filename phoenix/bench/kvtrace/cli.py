@@ -26,6 +26,7 @@ from phoenix.cli._run import (
     comma_list,
     nonnegative_float,
     nonnegative_int,
+    output_file,
     positive_int,
     positive_size,
     size,
@@ -249,13 +250,15 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--dry-run", action="store_true", help="tiny geometry, trace and capacities: the same code path in seconds"
     )
-    p.add_argument("--json", metavar="FILE", help="write the records as a JSON list")
-    p.add_argument("--plot", metavar="FILE", help="write a PNG of p99 TTFT (95%% CI) and QPS against concurrency")
+    p.add_argument("--json", type=output_file, metavar="FILE", help="write the records as a JSON list")
+    p.add_argument(
+        "--plot", type=output_file, metavar="FILE", help="write a PNG of p99 TTFT (95%% CI) and QPS against concurrency"
+    )
     p.set_defaults(func=main, kv_cmd=None, _kv_parser=p)
     ksub = p.add_subparsers(dest="kv_cmd", metavar="{gen,plot}")
     gp = ksub.add_parser("gen", help="write a generated trace (JSON lines) and print its statistics")
     _trace_args(gp)
-    gp.add_argument("--out", required=True, metavar="FILE", help="trace file to write")
+    gp.add_argument("--out", required=True, type=output_file, metavar="FILE", help="trace file to write")
     gp.set_defaults(func=main_gen)
     pp = ksub.add_parser(
         "plot",
@@ -265,7 +268,7 @@ def add_parser(sub) -> None:
         "color everywhere; points not run (--stop-over) are absent. Needs matplotlib.",
     )
     pp.add_argument("files", nargs="+", metavar="FILE", help="records of a run (phx bench kv-trace --json FILE)")
-    pp.add_argument("--out", required=True, metavar="PNG", help="the PNG to write")
+    pp.add_argument("--out", required=True, type=output_file, metavar="PNG", help="the PNG to write")
     pp.add_argument("--title", default="", help="the figure's title (default: from the records)")
     pp.set_defaults(func=main_plot)
 
