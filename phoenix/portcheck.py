@@ -312,6 +312,26 @@ def kernel_source_dir() -> str | None:
     return cand if os.path.exists(os.path.join(cand, "phx_p2p.h")) else None
 
 
+def kdir_problem(kdir: str | None) -> str | None:
+    """Why ``--kdir`` is no kernel build tree to compile against (None: it is one, or not given,
+    or ``none``): kbuild runs ``make -C KDIR``, which needs its Makefile and its include/."""
+    if kdir is None or kdir == "none":
+        return None
+    if not kdir.strip():
+        return "--kdir is empty: give a kernel build tree, or 'none'"
+    if not os.path.isdir(kdir):
+        return f"--kdir {kdir} does not exist (or is no directory)"
+    lacks = [
+        f for f, ok in (("Makefile", os.path.isfile), ("include/", os.path.isdir)) if not ok(os.path.join(kdir, f))
+    ]
+    if lacks:
+        return (
+            f"--kdir {kdir} is not a kernel build tree (no {' and no '.join(lacks)}): give "
+            f"/lib/modules/$(uname -r)/build or /usr/src/linux-headers-<version>, or 'none' for a syntax check"
+        )
+    return None
+
+
 def kernel_headers(kdir: str | None = None) -> str | None:
     """The kernel build tree to compile against: ``--kdir``, the running kernel's, or the newest Debian headers."""
     if kdir:
@@ -333,6 +353,9 @@ def _map_paths(text: str, mapping: dict[str, str]) -> str:
 
 def compile_kernel_file(name: str, p2p: str, kdir: str | None = None, timeout: float = 300) -> Finding:
     """Build ``p2p.c`` as ``phx_<name>.ko`` with the core (kbuild, -Werror), or syntax-check it."""
+    problem = kdir_problem(kdir)  # first: the caller's mistake is one wherever phoenix is installed
+    if problem:
+        return Finding("error", "kernel build", problem, p2p)
     src = kernel_source_dir()
     if src is None:
         return Finding(

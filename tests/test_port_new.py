@@ -410,6 +410,26 @@ def test_check_catches_a_page_size_mismatch(ports, tmp_path):
     assert bad[0].path == str(d / "p2p.c") and bad[0].line
 
 
+def test_check_refuses_a_kdir_that_is_not_a_kernel_tree(ports, tmp_path):
+    """--kdir is validated before kernel/ is looked for, so the refusal is the same in a checkout
+    and in an installed package (which has no kernel/ and skips the build)."""
+    not_tree = tmp_path / "notkernel"
+    not_tree.mkdir()
+    (not_tree / "Makefile").write_bytes(os.urandom(64))  # a Makefile alone is not a build tree
+    env = {"PHX_VENDOR_PATH": str(ports)}
+    for kdir, words in ((not_tree, ["not a kernel build tree", "include/"]), (tmp_path / "nosuch", ["does not exist"])):
+        out = phx_port("check", "acme", "--kdir", str(kdir), env_extra=env)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and out.stdout == "", (out.returncode, out.stdout, out.stderr)
+        assert lines[0].startswith(f"phx-port check: --kdir {kdir}") and all(w in lines[0] for w in words), lines[0]
+    f = portcheck.compile_kernel_file("acme", str(ports / "acme" / "p2p.c"), kdir=str(not_tree))
+    assert f.level == "error" and "not a kernel build tree" in f.message, f
+    tree = tmp_path / "tree"
+    (tree / "include").mkdir(parents=True)
+    (tree / "Makefile").write_text("all:\n")
+    assert portcheck.kdir_problem(str(tree)) is None and portcheck.kdir_problem("none") is None
+
+
 def test_check_kernel_build_reports_lines(ports, tmp_path):
     d = tmp_path / "broken"
     shutil.copytree(ports / "acme", d)

@@ -330,13 +330,17 @@ def cmd_new(args) -> int:
 
 def check_args(args) -> None:
     """Refuse, before any check runs, what ``phx-port check`` cannot use: a name no port can
-    have, an empty --dir or --kdir (else silently the default)."""
-    from phoenix import scaffold
+    have, an empty --dir or --kdir (else silently the default), a --kdir that is no kernel
+    build tree (checked before kernel/ is looked for: an installed phoenix has none)."""
+    from phoenix import portcheck, scaffold
 
     scaffold.validate_name_shape(args.name)
     for option, path in (("--dir", args.dir), ("--kdir", args.kdir)):
         if path is not None and not path.strip():
             raise scaffold.ScaffoldError(f"{option} is empty: give a directory (or leave {option} out)")
+    problem = portcheck.kdir_problem(args.kdir)
+    if problem:
+        raise scaffold.ScaffoldError(problem)
 
 
 def cmd_check(args) -> int:
