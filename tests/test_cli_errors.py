@@ -223,6 +223,27 @@ def test_unknown_option_and_command():
     assert_one_line(p, "phx", "'bnech'", "info", "bench")
 
 
+@pytest.mark.parametrize(
+    "argv, prog, names",
+    [
+        (["--size", "1G", "loader", "{w}.safetensors", "--device", "cpu", "--make", "8M"], "phx bench", ["--size"]),
+        (["--quiet", "--reps", "2", "loadlat", "--file", "{w}", "--size", "8M"], "phx bench", ["--quiet, --reps"]),
+        (["--json", "{w}.json", "kv-trace", "--dry-run", "--slab", "{w}"], "phx bench", ["--json"]),
+        (["kv-trace", "--sessions", "5", "gen", "--out", "{w}"], "phx bench kv-trace", ["--sessions"]),
+        (["kv-trace", "--seed", "3", "plot", "{w}.json", "--out", "{w}"], "phx bench kv-trace", ["--seed"]),
+    ],
+)
+def test_options_before_a_bench_subcommand_are_refused(tmp_path, argv, prog, names):
+    """`phx bench --size 1G loader x`: --size is the throughput bench's, which does not run; it was
+    ignored (the loader ran without it). Refused in one line naming it, before any work."""
+    work = tmp_path / "w"
+    argv = [a.format(w=work) for a in argv]
+    sub = next(a for a in argv if a in ("loader", "loadlat", "kv-trace", "gen", "plot") and a != prog.split()[-1])
+    p = _run_cmd(PHX + ["bench", *argv])
+    assert_one_line(p, prog, *names, f"of '{prog}' itself", f"before the subcommand '{sub}'", f"after '{sub}'")
+    assert not list(tmp_path.iterdir()), "work was done before the refusal"
+
+
 def test_debug_shows_the_traceback(tmp_path):
     cmd = PHX + ["bench", "--file", str(tmp_path / "b.bin"), *SMALL]
     for extra, env in ((["--debug"], {}), ([], {"PHX_DEBUG": "1"})):

@@ -23,6 +23,7 @@ import sys
 from dataclasses import asdict
 
 from phoenix.cli._run import (
+    add_subcommands,
     comma_list,
     nonnegative_float,
     nonnegative_int,
@@ -255,7 +256,7 @@ def add_parser(sub) -> None:
         "--plot", type=output_file, metavar="FILE", help="write a PNG of p99 TTFT (95%% CI) and QPS against concurrency"
     )
     p.set_defaults(func=main, kv_cmd=None, _kv_parser=p)
-    ksub = p.add_subparsers(dest="kv_cmd", metavar="{gen,plot}")
+    ksub = add_subcommands(p, dest="kv_cmd", metavar="{gen,plot}")  # the replay's options: not before gen, plot
     gp = ksub.add_parser("gen", help="write a generated trace (JSON lines) and print its statistics")
     _trace_args(gp)
     gp.add_argument("--out", required=True, type=output_file, metavar="FILE", help="trace file to write")
