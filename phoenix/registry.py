@@ -234,6 +234,13 @@ def _select(requested: str, by: str, vendors: dict[str, VendorEntry] | None) -> 
     fallback = vendors.get(FALLBACK)
     if fallback is None or fallback.load() is None:
         raise VendorUnavailable(f"no usable vendor, and the fallback {FALLBACK!r} is missing; skipped: {skipped}")
+    probe = fallback.probe()
+    if not probe.usable:  # said now, not by the runtime's constructor after the caller started its work
+        others = f"skipped {', '.join(skipped)}: 'phx-port list' says why" if skipped else "none is installed"
+        raise VendorUnavailable(
+            f"PHX_VENDOR=auto: no vendor can serve here: no accelerator vendor is usable ({others}), and "
+            f"the fallback {FALLBACK!r} cannot: {probe.reason}"
+        )
     return Selection(
         FALLBACK,
         fallback.load(),

@@ -86,6 +86,21 @@ def test_unusable_vendor(tmp_path):
     assert_one_line(p, "phx bench", "PHX_VENDOR=nvidia", "cannot serve here", "PHX_VENDOR=auto")
 
 
+def test_auto_where_not_even_the_host_fallback_can_serve(tmp_path):
+    """PHX_VENDOR=auto, no accelerator, and the host vendor unable to serve (no host device): one
+    line naming auto, the fallback and why, before any work (it was chosen, then failed to start)."""
+    from phoenix import registry
+
+    if any(n != "host" and e.probe().usable for n, e in registry.discover().items()):
+        pytest.skip("an accelerator vendor is usable here: auto picks it")
+    slab = tmp_path / "s.slab"
+    p = _run_cmd(
+        PHX + ["bench", "kv-trace", "--dry-run", "--slab", str(slab)], {"PHX_VENDOR": "auto", "PHX_HOST_DEVICES": "0"}
+    )
+    assert_one_line(p, "phx bench kv-trace", "PHX_VENDOR=auto", "the fallback 'host' cannot", "PHX_HOST_DEVICES=0")
+    assert not list(tmp_path.iterdir())
+
+
 def test_missing_directory(tmp_path):
     path = tmp_path / "no" / "such" / "b.bin"
     p = _run_cmd(PHX + ["bench", "--file", str(path), *SMALL])

@@ -323,6 +323,36 @@ def test_auto_falls_back_to_host_and_says_why(tmp_path, monkeypatch):
             assert sel.skipped[name], f"no reason recorded for skipping {name}"
 
 
+HOST_UNUSABLE = """
+    from phoenix.vendor import Probe, VendorRuntime
+
+    class Runtime(VendorRuntime):
+        name = "host"
+        is_test_double = True
+
+        @classmethod
+        def probe(cls):
+            return Probe(False, "no host device (PHX_HOST_DEVICES=0)")
+"""
+
+
+def test_auto_fails_with_a_reason_where_the_fallback_cannot_serve(tmp_path, monkeypatch):
+    """auto with no accelerator vendor usable and a host fallback whose probe says no: select()
+    raises VendorUnavailable naming both (it chose host, whose runtime then failed to start)."""
+    monkeypatch.setenv("PHX_VENDOR_PATH", str(make_vendors(tmp_path, unusable=UNUSABLE)))
+    found = registry.discover()
+    real = [n for n, e in found.items() if n != "host" and e.probe().usable and registry.auto_priority(e) > 0]
+    if real:
+        pytest.skip(f"a real accelerator vendor is usable here ({real}): auto picks it")
+    path = make_vendors(tmp_path / "fallback", host=HOST_UNUSABLE) / "host" / "runtime.py"
+    found["host"] = registry.VendorEntry("host", "test", str(path), registry._file_loader("host", str(path)))
+    with pytest.raises(VendorUnavailable) as exc:
+        registry.select("auto", found)
+    msg = str(exc.value)
+    assert "PHX_VENDOR=auto" in msg and "the fallback 'host' cannot" in msg, msg
+    assert msg.endswith("cannot: no host device (PHX_HOST_DEVICES=0)") and "unusable" in msg, msg
+
+
 def test_auto_is_the_default(monkeypatch):
     assert registry.select().requested == "auto"
 
