@@ -152,6 +152,24 @@ def locate(name: str, directory: str | None = None) -> tuple[str | None, str]:
     return os.path.dirname(os.path.abspath(spec.origin)), entry.source
 
 
+#: the code files a port's directory may hold: its two files and a package's __init__.py
+PORT_FILES = ("runtime.py", "p2p.c", "__init__.py")
+
+
+def third_files(directory: str) -> list[str]:
+    """The .py, .c and .h files in a port's directory besides :data:`PORT_FILES` (the two-file
+    rule: a third is code outside the contract, which no check and no kernel build sees)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(
+        n
+        for n in names
+        if n.endswith((".py", ".c", ".h")) and n not in PORT_FILES and os.path.isfile(os.path.join(directory, n))
+    )
+
+
 def _load_runtime_class(name: str, path: str):
     modname = f"phoenix_check_{name}.runtime"
     spec = importlib.util.spec_from_file_location(modname, path)
@@ -653,6 +671,15 @@ def check(name: str, directory: str | None = None, kdir: str | None = None, comp
             "p2p.c is missing (the kernel side: struct phx_p2p_ops); render one with "
             "`phx-port new <name> --out /tmp/x` and copy its p2p.c",
             p2p_c,
+        )
+
+    for extra in third_files(where):
+        rep.add(
+            "error",
+            "files",
+            f"{extra}: a port is two files, runtime.py and p2p.c (an __init__.py, a README beside them); "
+            "move this code into the one of its side",
+            os.path.join(where, extra),
         )
 
     cls = None

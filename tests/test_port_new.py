@@ -410,6 +410,26 @@ def test_check_catches_a_page_size_mismatch(ports, tmp_path):
     assert bad[0].path == str(d / "p2p.c") and bad[0].line
 
 
+def test_check_refuses_a_third_code_file(ports, tmp_path):
+    """Two files make a port (DESIGN.md): a third .py, .c or .h in its directory is an error
+    naming it; a README, an __init__.py and other files are not."""
+    d = tmp_path / "acme"
+    shutil.copytree(ports / "acme", d)
+    for extra in ("helper.py", "extra.c", "util.h", "__init__.py", "notes.txt"):
+        (d / extra).write_bytes(os.urandom(32).hex().encode())
+    (d / "sub.py").mkdir()  # a directory, not a file of the port
+    rep = portcheck.check("acme", directory=str(d), compile_kernel=False)
+    third = [f for f in rep.findings if f.topic == "files" and f.level == "error"]
+    assert [f.path for f in third] == [str(d / n) for n in ("extra.c", "helper.py", "util.h")], third
+    assert all("a port is two files" in f.message for f in third) and rep.failed
+    out = phx_port("check", "acme", "--dir", str(d), "--no-kernel-build")
+    assert out.returncode == 1 and f"{d / 'helper.py'}: error: [files]" in out.stdout, out.stdout + out.stderr
+    for f in ("extra.c", "helper.py", "util.h"):
+        (d / f).unlink()
+    rep = portcheck.check("acme", directory=str(d), compile_kernel=False)
+    assert [f.level for f in rep.findings if f.topic == "files"] == ["ok"]
+
+
 def test_check_refuses_a_kdir_that_is_not_a_kernel_tree(ports, tmp_path):
     """--kdir is validated before kernel/ is looked for, so the refusal is the same in a checkout
     and in an installed package (which has no kernel/ and skips the build)."""

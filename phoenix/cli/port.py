@@ -185,7 +185,7 @@ Then: phx-port check NAME; phx-port test NAME [--emulated]; docs/porting.md.
 EPILOG_CHECK = """\
 Checks, each reported as file:line: level: message (levels: ok, error, not implemented,
 skipped, note):
-  files            runtime.py and p2p.c present
+  files            runtime.py and p2p.c present, no third .py/.c/.h beside them
   import, name     runtime.py imports; Runtime.name equals NAME
   operations       every operation of phoenix/vendor.py implemented (a method that
                    still calls the generated _fill_me placeholder is not)
