@@ -53,8 +53,8 @@ from .vendor import EMULATED_LABEL as LABEL  # what every emulator is called, ev
 POINTER_LAYOUTS = {"type": 0, "memoryType": 1, "both": 2}
 MARKER_FILE = "EMULATED-RUNTIME.txt"
 
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_LIBNAME = re.compile(r"^lib[A-Za-z0-9_.+-]+\.so(\.[0-9.]+)?$")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # fullmatch: `$` would let a trailing newline through
+_LIBNAME = re.compile(r"lib[A-Za-z0-9_.+-]+\.so(\.[0-9.]+)?")
 
 
 class EmulatorError(PhxError):
@@ -135,13 +135,13 @@ def build(
     the driver calls a port may use. Raises :class:`EmulatorError` with the compiler's
     output when the build fails.
     """
-    if not _IDENT.match(prefix or ""):
+    if not _IDENT.fullmatch(prefix or ""):
         raise EmulatorError(f"emulator prefix {prefix!r} is not a C identifier")
-    if not _LIBNAME.match(library_name or ""):
+    if not _LIBNAME.fullmatch(library_name or ""):
         raise EmulatorError(f"emulator library name {library_name!r} is not of the form lib<name>.so[.N]")
     if pointer_layout not in POINTER_LAYOUTS:
         raise EmulatorError(f"pointer layout {pointer_layout!r}: choose one of {', '.join(POINTER_LAYOUTS)}")
-    if driver_prefix is not None and not _IDENT.match(driver_prefix):
+    if driver_prefix is not None and not _IDENT.fullmatch(driver_prefix):
         raise EmulatorError(f"driver prefix {driver_prefix!r} is not a C identifier")
     cc = cc or compiler()
     if not cc:

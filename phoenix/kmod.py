@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import struct
 import sys
 import threading
@@ -250,17 +251,28 @@ class Device:
         self.ordinal = ordinal
         self.path = os.path.join(dev, f"phx_{vendor}{ordinal}")
         self.pid = os.getpid()
+        self.fd = -1
         try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
         except OSError as exc:
             ok, why = direct_status(vendor, ordinal, dev=dev)
             raise OSError(exc.errno, f"open {self.path}: {exc.strerror}" + ("" if ok else f" ({why})")) from None
-        buf = bytearray(_INFO.size)
-        self._ioctl(PHX_IOC_INFO, buf, "INFO")
-        abi, ordinal_, self.page_size, self.bar_size, self.max_map, name = _INFO.unpack(buf)
-        if abi != IOCTL_ABI:
-            os.close(self.fd)
-            raise OSError(errno.EPROTO, f"{self.path}: kernel ioctl ABI {abi}, this phoenix speaks {IOCTL_ABI}")
+        self.fd = fd
+        try:  # every way out but success closes the file
+            if not stat.S_ISCHR(os.fstat(fd).st_mode):  # the core's node is a character device; an ioctl
+                raise OSError(  # on a regular file or a FIFO left at its name would mean nothing
+                    errno.ENODEV,
+                    f"{self.path} is not a character device (the phoenix core module makes it): "
+                    "remove what is there and load phx_core",
+                )
+            buf = bytearray(_INFO.size)
+            self._ioctl(PHX_IOC_INFO, buf, "INFO")
+            abi, ordinal_, self.page_size, self.bar_size, self.max_map, name = _INFO.unpack(buf)
+            if abi != IOCTL_ABI:
+                raise OSError(errno.EPROTO, f"{self.path}: kernel ioctl ABI {abi}, this phoenix speaks {IOCTL_ABI}")
+        except BaseException:
+            self.close()
+            raise
 
     def _ioctl(self, request: int, buf: bytearray, what: str) -> None:
         try:

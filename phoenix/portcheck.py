@@ -152,6 +152,24 @@ def locate(name: str, directory: str | None = None) -> tuple[str | None, str]:
     return os.path.dirname(os.path.abspath(spec.origin)), entry.source
 
 
+#: the code files a port's directory may hold: its two files and a package's __init__.py
+PORT_FILES = ("runtime.py", "p2p.c", "__init__.py")
+
+
+def third_files(directory: str) -> list[str]:
+    """The .py, .c and .h files in a port's directory besides :data:`PORT_FILES` (the two-file
+    rule: a third is code outside the contract, which no check and no kernel build sees)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(
+        n
+        for n in names
+        if n.endswith((".py", ".c", ".h")) and n not in PORT_FILES and os.path.isfile(os.path.join(directory, n))
+    )
+
+
 def _load_runtime_class(name: str, path: str):
     modname = f"phoenix_check_{name}.runtime"
     spec = importlib.util.spec_from_file_location(modname, path)
@@ -312,6 +330,26 @@ def kernel_source_dir() -> str | None:
     return cand if os.path.exists(os.path.join(cand, "phx_p2p.h")) else None
 
 
+def kdir_problem(kdir: str | None) -> str | None:
+    """Why ``--kdir`` is no kernel build tree to compile against (None: it is one, or not given,
+    or ``none``): kbuild runs ``make -C KDIR``, which needs its Makefile and its include/."""
+    if kdir is None or kdir == "none":
+        return None
+    if not kdir.strip():
+        return "--kdir is empty: give a kernel build tree, or 'none'"
+    if not os.path.isdir(kdir):
+        return f"--kdir {kdir} does not exist (or is no directory)"
+    lacks = [
+        f for f, ok in (("Makefile", os.path.isfile), ("include/", os.path.isdir)) if not ok(os.path.join(kdir, f))
+    ]
+    if lacks:
+        return (
+            f"--kdir {kdir} is not a kernel build tree (no {' and no '.join(lacks)}): give "
+            f"/lib/modules/$(uname -r)/build or /usr/src/linux-headers-<version>, or 'none' for a syntax check"
+        )
+    return None
+
+
 def kernel_headers(kdir: str | None = None) -> str | None:
     """The kernel build tree to compile against: ``--kdir``, the running kernel's, or the newest Debian headers."""
     if kdir:
@@ -333,6 +371,9 @@ def _map_paths(text: str, mapping: dict[str, str]) -> str:
 
 def compile_kernel_file(name: str, p2p: str, kdir: str | None = None, timeout: float = 300) -> Finding:
     """Build ``p2p.c`` as ``phx_<name>.ko`` with the core (kbuild, -Werror), or syntax-check it."""
+    problem = kdir_problem(kdir)  # first: the caller's mistake is one wherever phoenix is installed
+    if problem:
+        return Finding("error", "kernel build", problem, p2p)
     src = kernel_source_dir()
     if src is None:
         return Finding(
@@ -632,18 +673,32 @@ def check(name: str, directory: str | None = None, kdir: str | None = None, comp
             p2p_c,
         )
 
+    for extra in third_files(where):
+        rep.add(
+            "error",
+            "files",
+            f"{extra}: a port is two files, runtime.py and p2p.c (an __init__.py, a README beside them); "
+            "move this code into the one of its side",
+            os.path.join(where, extra),
+        )
+
     cls = None
     if have_rt:
         try:
             _, cls = _load_runtime_class(name, runtime_py)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() at import is the port's failure, not ours
             import traceback
 
             tb = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == runtime_py]
+            what = (
+                f"it called sys.exit({exc.code!r}) at import"
+                if isinstance(exc, SystemExit)
+                else f"{type(exc).__name__}: {exc}"
+            )
             rep.add(
                 "error",
                 "import",
-                f"runtime.py does not import: {type(exc).__name__}: {exc}",
+                f"runtime.py does not import: {what}",
                 runtime_py,
                 tb[-1].lineno if tb else getattr(exc, "lineno", None),
             )

@@ -64,10 +64,8 @@ class VendorEntry:
                 if not (isinstance(cls, type) and issubclass(cls, VendorRuntime)):
                     raise TypeError(f"{self.location} has no Runtime class derived from phoenix.vendor.VendorRuntime")
                 self._cls = cls
-            except Exception as exc:  # a broken vendor must not stop the others
-                tb = traceback.extract_tb(exc.__traceback__)
-                where = f" ({tb[-1].filename}:{tb[-1].lineno})" if tb else ""
-                self._error = f"import failed: {type(exc).__name__}: {exc}{where}"
+            except (Exception, SystemExit) as exc:  # a broken vendor must not stop the others (nor exit)
+                self._error = import_failure(exc)
         return self._cls
 
     @property
@@ -88,6 +86,31 @@ class VendorEntry:
     def is_test_double(self) -> bool:
         cls = self.load()
         return bool(cls and cls.is_test_double)
+
+
+def import_failure(exc: BaseException) -> str:
+    """``import failed: <error> (<file>:<line>)`` for a vendor module that raised (or called
+    sys.exit()) while importing; the place is in the vendor's own code, not the importer's."""
+    what = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, SystemExit):
+        what = f"it called sys.exit({exc.code!r}) at import"
+    where = failure_place(exc)
+    return f"import failed: {what}" + (f" ({where[0]}:{where[1]})" if where else "")
+
+
+def failure_place(exc: BaseException) -> tuple[str, int] | None:
+    """Where a vendor's import failed: the deepest frame in the directory of the first module
+    the import ran (the vendor's; a library it called, phoenix's importer and importlib's
+    frames are not the vendor's code); a syntax error's own file and line."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return exc.filename, exc.lineno or 0
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+    top = next((f for f in frames if f.name == "<module>"), None)
+    if top is None:  # not raised by a module's code (the Runtime check above): no place of its
+        return None
+    home = os.path.dirname(top.filename)
+    mine = [f for f in frames if os.path.dirname(f.filename) == home]
+    return mine[-1].filename, mine[-1].lineno
 
 
 def _module_loader(modname: str):
@@ -211,6 +234,13 @@ def _select(requested: str, by: str, vendors: dict[str, VendorEntry] | None) -> 
     fallback = vendors.get(FALLBACK)
     if fallback is None or fallback.load() is None:
         raise VendorUnavailable(f"no usable vendor, and the fallback {FALLBACK!r} is missing; skipped: {skipped}")
+    probe = fallback.probe()
+    if not probe.usable:  # said now, not by the runtime's constructor after the caller started its work
+        others = f"skipped {', '.join(skipped)}: 'phx-port list' says why" if skipped else "none is installed"
+        raise VendorUnavailable(
+            f"PHX_VENDOR=auto: no vendor can serve here: no accelerator vendor is usable ({others}), and "
+            f"the fallback {FALLBACK!r} cannot: {probe.reason}"
+        )
     return Selection(
         FALLBACK,
         fallback.load(),

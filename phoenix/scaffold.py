@@ -59,9 +59,13 @@ RESERVED = frozenset(
         "emulator",
     }
 )
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_LIBNAME = re.compile(r"^lib[A-Za-z0-9_.+-]+\.so(\.[0-9.]+)?$")
+# matched with fullmatch: `$` also matches before a trailing newline ("acme\n" is no name)
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LIBNAME = re.compile(r"lib[A-Za-z0-9_.+-]+\.so(\.[0-9.]+)?")
+#: the longest vendor name: the kernel core refuses a backend whose name has 16 characters or
+#: more (phx_core.c, phx_ops_valid: it names /dev/phx_<name><N> and fills a 16-byte field)
+NAME_MAX = 15
 #: shapes ``--like`` knows
 LIKE = ("cuda",)
 #: calls in a generated runtime.py that mark an operation still to fill
@@ -105,13 +109,23 @@ def _operations_for_template() -> list[dict]:
 # -- options ------------------------------------------------------------------------------
 
 
-def validate_name(name: str, existing: dict | None = None) -> None:
-    """Refuse a vendor name that is not a lowercase identifier, is reserved, or is taken."""
-    if not _NAME.match(name or ""):
+def validate_name_shape(name: str) -> None:
+    """Refuse a vendor name that is not a lowercase identifier of at most :data:`NAME_MAX` characters."""
+    if not _NAME.fullmatch(name or ""):
         raise ScaffoldError(
             f"vendor name {name!r}: use a lowercase Python identifier (a-z, 0-9, _; "
             "starting with a letter), e.g. 'acme'"
         )
+    if len(name) > NAME_MAX:
+        raise ScaffoldError(
+            f"vendor name {name!r} has {len(name)} characters: at most {NAME_MAX} (the kernel core "
+            f"refuses a longer backend name; it names phx_{name}.ko and /dev/phx_{name}0): choose a shorter one"
+        )
+
+
+def validate_name(name: str, existing: dict | None = None) -> None:
+    """Refuse a vendor name that is not a lowercase identifier, is too long, is reserved, or is taken."""
+    validate_name_shape(name)
     if keyword.iskeyword(name) or keyword.issoftkeyword(name):
         raise ScaffoldError(f"vendor name {name!r} is a Python keyword")
     if name in RESERVED:
@@ -187,6 +201,29 @@ def in_tree_vendors_dir() -> str:
     )
 
 
+#: where a generated file records the command line that made it: p2p.c's /* */ comment,
+#: runtime.py's docstring, pyproject.toml's # comment, README.md's code span
+COMMENT_SYNTAX = ("c", "py", "toml", "md")
+
+
+def comment_text(text: str, syntax: str) -> str:
+    """``text`` as one line that cannot end the comment (or string) it is written into: control
+    characters (a newline ends a # comment) as their escapes, and per ``syntax`` ``*/`` and ``/*``
+    (a C comment), backslashes and quotes (a docstring), or a code span fenced past its backticks."""
+    text = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+    if syntax == "c":  # `*/` first: after it no `*` is followed by `/`, so `/\*` cannot make one
+        return text.replace("*/", "*\\/").replace("/*", "/\\*")
+    if syntax == "py":
+        return text.replace("\\", "\\\\").replace('"', '\\"')
+    if syntax == "md":
+        fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+        pad = " " if text.startswith("`") or text.endswith("`") else ""
+        return f"{fence}{pad}{text}{pad}{fence}"
+    if syntax == "toml":
+        return text
+    raise ValueError(f"comment syntax {syntax!r}: one of {', '.join(COMMENT_SYNTAX)}")
+
+
 @dataclass
 class NewPort:
     """What ``phx-port new`` was asked for."""
@@ -215,10 +252,18 @@ class NewPort:
                 raise ScaffoldError(
                     f"--like {self.like} needs --lib: the runtime library's file name (libmcruntime.so, libamdhip64.so)"
                 )
-        if self.prefix is not None and not _IDENT.match(self.prefix):
+        if self.prefix is not None and not self.like:
+            raise ScaffoldError(
+                f"--prefix {self.prefix!r} is the symbol prefix of a CUDA-shaped runtime: give --like cuda "
+                "with it (a blank port, without --like, has no prefix)"
+            )
+        if self.prefix is not None and not _IDENT.fullmatch(self.prefix):
             raise ScaffoldError(f"--prefix {self.prefix!r} is not a C identifier")
-        if self.library is not None and not _LIBNAME.match(self.library):
+        if self.library is not None and not _LIBNAME.fullmatch(self.library):
             raise ScaffoldError(f"--lib {self.library!r}: give the library's file name, lib<name>.so[.N]")
+        for option, path in (("--out", self.out), ("--vendors-dir", self.vendors_dir)):
+            if path is not None and not path.strip():
+                raise ScaffoldError(f"{option} is empty: give a directory (or leave {option} out)")
         if self.out and self.vendors_dir:
             raise ScaffoldError("give --out (an out-of-tree package) or --vendors-dir, not both")
         parse_page_size(self.page_size)
@@ -233,7 +278,7 @@ class NewPort:
         return {
             "name": self.name,
             "NAME": self.name.upper(),
-            "name_pad": " " * len(self.name),
+            "name_pad": " " * (len(self.name) + 2),  # aligns under phx_<name>_get_pages( after 3 tabs
             "title": title,
             "like": self.like,
             "prefix": self.prefix or "",
@@ -249,7 +294,11 @@ class NewPort:
             "page_size_text": size_text(self.page_size),
             "ops": _operations_for_template(),
             "probe_doc": inspect.getdoc(VendorRuntime.probe) or "",
-            "command": self.command or f"phx-port new {self.name}",
+            # the command line, as each file's comment or docstring can hold it (the path options are free text)
+            **{
+                f"command_{syntax}": comment_text(self.command or f"phx-port new {self.name}", syntax)
+                for syntax in COMMENT_SYNTAX
+            },
             "phoenix_version": __version__,
             "package": package,
             "module": module,

@@ -86,6 +86,21 @@ def test_unusable_vendor(tmp_path):
     assert_one_line(p, "phx bench", "PHX_VENDOR=nvidia", "cannot serve here", "PHX_VENDOR=auto")
 
 
+def test_auto_where_not_even_the_host_fallback_can_serve(tmp_path):
+    """PHX_VENDOR=auto, no accelerator, and the host vendor unable to serve (no host device): one
+    line naming auto, the fallback and why, before any work (it was chosen, then failed to start)."""
+    from phoenix import registry
+
+    if any(n != "host" and e.probe().usable for n, e in registry.discover().items()):
+        pytest.skip("an accelerator vendor is usable here: auto picks it")
+    slab = tmp_path / "s.slab"
+    p = _run_cmd(
+        PHX + ["bench", "kv-trace", "--dry-run", "--slab", str(slab)], {"PHX_VENDOR": "auto", "PHX_HOST_DEVICES": "0"}
+    )
+    assert_one_line(p, "phx bench kv-trace", "PHX_VENDOR=auto", "the fallback 'host' cannot", "PHX_HOST_DEVICES=0")
+    assert not list(tmp_path.iterdir())
+
+
 def test_missing_directory(tmp_path):
     path = tmp_path / "no" / "such" / "b.bin"
     p = _run_cmd(PHX + ["bench", "--file", str(path), *SMALL])
@@ -123,6 +138,60 @@ def test_read_only_file_keeps_the_reads(tmp_path, modes_hold):
     assert {r["impl"] for r in recs} >= {"raw_odirect", "phoenix"}
     assert all("meta" in r for r in recs)
     assert "stopped by an error" in p.stdout and "read      cold" in p.stdout and "columns:" in p.stdout
+
+
+# ---- output destinations: checked before the run, not at its end -----------------------------------
+
+KV_DRY = ["kv-trace", "--dry-run", "--configs", "dram,phoenix", "--concurrency", "1"]
+# (prog, argv before the destination, the option, the work's first file: it must not appear)
+DESTINATIONS = {
+    "bench --json": ("phx bench", ["--file", "{work}", *SMALL], "--json"),
+    "bench --plot": ("phx bench", ["--file", "{work}", *SMALL], "--plot"),
+    "kv-trace --json": ("phx bench kv-trace", [*KV_DRY, "--slab", "{work}"], "--json"),
+    "kv-trace --plot": ("phx bench kv-trace", [*KV_DRY, "--slab", "{work}"], "--plot"),
+    "kv-trace gen --out": ("phx bench kv-trace gen", ["kv-trace", "gen", "--sessions", "2"], "--out"),
+    "kv-trace plot --out": ("phx bench kv-trace plot", ["kv-trace", "plot", "{records}"], "--out"),
+    "loader --json": (
+        "phx bench loader",
+        ["loader", "{work}", "--device", "cpu", "--make", "8M", "--reps", "1"],
+        "--json",
+    ),
+    "loadlat --json": ("phx bench loadlat", ["loadlat", "--file", "{work}", "--size", "8M", "--block", "1M"], "--json"),
+}
+
+
+def _destination_case(tmp_path, case, dest):
+    prog, argv, option = DESTINATIONS[case]
+    records = tmp_path / "run.json"
+    records.write_text(json.dumps([{"config": "dram", "concurrency": 1, "threshold_s": 5.0, "skipped": "not run"}]))
+    work = tmp_path / "work.bin"
+    argv = [a.format(work=work, records=records) for a in argv]
+    return prog, PHX + ["bench", *argv, option, str(dest)], option, work
+
+
+@pytest.mark.parametrize("case", list(DESTINATIONS))
+@pytest.mark.parametrize("problem", ["no directory", "a directory"])
+def test_output_destinations_are_checked_before_the_run(tmp_path, case, problem):
+    dest = tmp_path / "no" / "such" / "out.x" if problem == "no directory" else tmp_path
+    prog, cmd, option, work = _destination_case(tmp_path, case, dest)
+    p = _run_cmd(cmd)
+    words = [str(dest.parent), "does not exist"] if problem == "no directory" else ["is a directory"]
+    assert_one_line(p, prog, option, *words)
+    assert not work.exists() and not (tmp_path / "no").exists(), "work was done before the refusal"
+
+
+@pytest.mark.parametrize("case", ["bench --json", "kv-trace gen --out"])
+def test_output_destination_in_a_read_only_directory(tmp_path, modes_hold, case):
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o555)
+    try:
+        prog, cmd, option, work = _destination_case(tmp_path, case, d / "out.x")
+        p = _run_cmd(cmd, preexec_fn=modes_hold)
+    finally:
+        d.chmod(0o755)
+    assert_one_line(p, prog, option, "read-only", "writable directory")
+    assert not work.exists() and not list(d.iterdir())
 
 
 def test_bad_chunk_size_setting(tmp_path):
@@ -167,6 +236,27 @@ def test_unknown_option_and_command():
     assert_one_line(p, "phx", "unrecognized arguments", "--no-such-option")
     p = _run_cmd(PHX + ["bnech"])
     assert_one_line(p, "phx", "'bnech'", "info", "bench")
+
+
+@pytest.mark.parametrize(
+    "argv, prog, names",
+    [
+        (["--size", "1G", "loader", "{w}.safetensors", "--device", "cpu", "--make", "8M"], "phx bench", ["--size"]),
+        (["--quiet", "--reps", "2", "loadlat", "--file", "{w}", "--size", "8M"], "phx bench", ["--quiet, --reps"]),
+        (["--json", "{w}.json", "kv-trace", "--dry-run", "--slab", "{w}"], "phx bench", ["--json"]),
+        (["kv-trace", "--sessions", "5", "gen", "--out", "{w}"], "phx bench kv-trace", ["--sessions"]),
+        (["kv-trace", "--seed", "3", "plot", "{w}.json", "--out", "{w}"], "phx bench kv-trace", ["--seed"]),
+    ],
+)
+def test_options_before_a_bench_subcommand_are_refused(tmp_path, argv, prog, names):
+    """`phx bench --size 1G loader x`: --size is the throughput bench's, which does not run; it was
+    ignored (the loader ran without it). Refused in one line naming it, before any work."""
+    work = tmp_path / "w"
+    argv = [a.format(w=work) for a in argv]
+    sub = next(a for a in argv if a in ("loader", "loadlat", "kv-trace", "gen", "plot") and a != prog.split()[-1])
+    p = _run_cmd(PHX + ["bench", *argv])
+    assert_one_line(p, prog, *names, f"of '{prog}' itself", f"before the subcommand '{sub}'", f"after '{sub}'")
+    assert not list(tmp_path.iterdir()), "work was done before the refusal"
 
 
 def test_debug_shows_the_traceback(tmp_path):
@@ -249,6 +339,9 @@ def test_kv_trace_mistakes(tmp_path):
         (["--ssd", "1000T"], ["--ssd", "more than the 4194304 a tier indexes"]),
         (["--seed", "-1"], ["--seed", "at least 0"]),
         (["--hidden", "-5"], ["--hidden", "at least 0"]),
+        (["--warm-start", "1.5"], ["--warm-start", "'1.5'", "between 0 and 1"]),
+        (["--warm-start", "-0.1"], ["--warm-start", "'-0.1'", "between 0 and 1"]),
+        (["--warm-start", "nan"], ["--warm-start", "'nan'", "between 0 and 1"]),
     ],
 )
 def test_kv_trace_bad_option_values(tmp_path, extra, names):

@@ -144,6 +144,41 @@ def test_open_without_the_module_says_why(tmp_path):
     assert "phx_host0" in str(exc.value)
 
 
+def _open_files(target: str) -> list[str]:
+    """This process's descriptors open on ``target`` (resolved)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == target:
+                out.append(fd)
+        except OSError:  # the listing's own descriptor, gone by now
+            pass
+    return out
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/fd"), reason="needs /proc/self/fd (Linux)")
+def test_open_refuses_what_is_not_the_cores_node_and_leaks_no_file(tmp_path):
+    """A regular file at /dev/phx_<vendor><N> is refused as not a character device, before any
+    ioctl; a character device that is not phoenix's fails INFO; neither leaves its file open."""
+    import errno
+
+    node = tmp_path / "phx_host0"
+    node.write_bytes(os.urandom(4096))
+    with pytest.raises(OSError) as exc:
+        kmod.Device("host", 0, dev=str(tmp_path))
+    assert exc.value.errno == errno.ENODEV and "not a character device" in str(exc.value), exc.value
+    assert str(node) in str(exc.value)
+    assert _open_files(str(node)) == [], "the refused node's file was left open"
+    if not os.path.exists("/dev/full"):
+        return
+    os.symlink("/dev/full", tmp_path / "phx_host1")  # a character device, not phoenix's: INFO fails
+    before = _open_files("/dev/full")
+    with pytest.raises(OSError) as exc:
+        kmod.Device("host", 1, dev=str(tmp_path))
+    assert "INFO failed" in str(exc.value), exc.value
+    assert _open_files("/dev/full") == before, "the device's file was left open after INFO failed"
+
+
 def test_window_rounds_to_pages():
     d = kmod.Device.__new__(kmod.Device)
     d.page_size = 65536

@@ -301,6 +301,53 @@ def test_plot_subcommand_refuses_what_is_not_a_run(tmp_path):
     assert p.returncode == 2 and "not the records of a 'phx bench kv-trace' run" in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize(
+    "key, value, words",
+    [
+        ("concurrency", "4", "concurrency is '4', not a whole number"),
+        ("concurrency", True, "concurrency is True"),
+        ("under_threshold", None, "under_threshold is None, not true or false"),
+        ("ttft_p99_ci_s", [0.1], "ttft_p99_ci_s is [0.1], not [low, high]"),
+        ("ttft_p99_s", "fast", "ttft_p99_s is 'fast'"),
+        ("qps", None, "qps is None, not a number"),
+        ("threshold_s", "5", "threshold_s is '5'"),
+        ("label", 7, "label is 7, not text"),
+        ("config", ["dram"], "config is ['dram'], not a name"),
+    ],
+)
+def test_plot_refuses_records_of_the_wrong_shape(tmp_path, key, value, words):
+    """A JSON list of objects with a kv-trace record's keys but not its types is refused naming the
+    file, the record and the key (the plot and the limits would fail on it half-way, a traceback)."""
+    recs = _tier_records("disk", 1.0)
+    i = next(n for n, r in enumerate(recs) if not r.get("skipped") and n > 0)
+    recs[i][key] = value
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(recs))
+    with pytest.raises(ValueError) as exc:
+        kvtrace.cli.read_records(str(path))
+    msg = str(exc.value)
+    assert msg.startswith(f"{path}: record {i}: ") and words in msg, msg
+    assert "not the records of a 'phx bench kv-trace' run" in msg
+
+
+def test_plot_subcommand_refuses_a_record_of_the_wrong_type_in_one_line(tmp_path):
+    recs = _tier_records("disk", 1.0)
+    recs[1]["concurrency"] = "4"
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(recs))
+    p = subprocess.run(
+        PHX + ["bench", "kv-trace", "plot", str(path), "--out", str(tmp_path / "x.png")],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PHX_VENDOR="host"),
+        cwd=tmp_path,
+    )
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    assert lines[0].startswith(f"phx bench kv-trace plot: {path}: record 1: concurrency is '4'"), lines[0]
+    assert not (tmp_path / "x.png").exists()
+
+
 def test_plot_subcommand_without_matplotlib_says_what_to_install(tmp_path):
     fake = tmp_path / "nompl" / "matplotlib"
     fake.mkdir(parents=True)

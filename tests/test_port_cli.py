@@ -180,6 +180,23 @@ def test_hung_test_is_stopped_and_the_run_resumes(tmp_path):
     assert outcome["test_errors.py::test_never_created_stream"] == "passed", "the run did not resume"
 
 
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "1e7", "soon"])
+def test_test_timeout_out_of_range_is_refused_before_the_suite(tmp_path, monkeypatch, capsys, value):
+    from phoenix.cli import port
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PHX_DEBUG", raising=False)
+    report = tmp_path / "report"
+    argv = ["test", "host", "-q", "-k", "test_vendor_imports", "--report-dir", str(report), "--test-timeout", value]
+    with pytest.raises(SystemExit) as exc:  # argparse's usage error
+        port.main(argv)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(lines) == 1, (exc.value.code, lines)
+    assert lines[0].startswith(f"phx-port test: --test-timeout: '{value}'"), lines[0]
+    assert "0 (no limit) to 1000000" in lines[0] or "not a number" in lines[0], lines[0]
+    assert not report.exists(), "the suite ran"
+
+
 def test_unknown_vendor(tmp_path):
     proc = phx_port("test", "nosuch", "--report-dir", str(tmp_path))
     assert proc.returncode == 2

@@ -189,6 +189,49 @@ def test_refusals(ports, tmp_path):
     assert not list(tmp_path.iterdir()), "a refused request writes nothing"
 
 
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["new", "a234567890123456"], ["'a234567890123456'", "16 characters", "at most 15"]),
+        (["new", "acmenl\n"], ["'acmenl\\n'", "lowercase"]),
+        (["new", "zzz", "--prefix", "z"], ["--prefix 'z'", "--like cuda"]),
+        (["new", "zzz", "--pci-vendor", ""], ["--pci-vendor ''", "0xNNNN"]),
+        (["new", "zzz", "--out", ""], ["--out is empty"]),
+        (["new", "zzz", "--vendors-dir", ""], ["--vendors-dir is empty"]),
+        (["new", "zzz", "--like", "cuda", "--prefix", "z\n", "--lib", "libz.so"], ["not a C identifier"]),
+        (["new", "zzz", "--like", "cuda", "--prefix", "z", "--lib", "libz.so\n"], ["--lib", "lib<name>.so"]),
+        (["check", "a234567890123456", "--dir", "."], ["16 characters", "at most 15"]),
+        (["check", "host\n"], ["'host\\n'", "lowercase"]),
+        (["check", "host", "--dir", ""], ["--dir is empty"]),
+        (["check", "host", "--kdir", ""], ["--kdir is empty"]),
+    ],
+)
+def test_names_paths_and_options_refused_before_any_work(tmp_path, monkeypatch, capsys, args, words):
+    """A name the kernel would refuse, a name with a newline, an empty path (else the default, the
+    checkout's vendors/), a prefix without --like, an empty --pci-vendor: one line, exit 2, nothing written."""
+    from phoenix.cli import port
+
+    vendors = REPO / "vendors"
+    before = sorted(os.listdir(vendors)) if vendors.is_dir() else []
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PHX_DEBUG", raising=False)
+    if args[0] == "new" and "--vendors-dir" not in args and "--out" not in args:
+        args = [*args, "--vendors-dir", str(tmp_path / "v")]
+    try:
+        rc = port.main(args)
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        assert rc == 2 and len(lines) == 1, (rc, err)
+        assert lines[0].startswith(f"phx-port {args[0]}: "), lines[0]
+        for word in words:
+            assert word in lines[0], (word, lines[0])
+        assert not list(tmp_path.iterdir()), "a refused request writes nothing"
+    finally:  # a port the old code wrote into the checkout is taken out again
+        for made in set(os.listdir(vendors) if vendors.is_dir() else []) - set(before):
+            shutil.rmtree(vendors / made)
+            pytest.fail(f"written into the checkout: vendors/{made}")
+
+
 def test_never_overwrites(tmp_path):
     (tmp_path / "acme2").mkdir()
     (tmp_path / "acme2" / "runtime.py").write_text("# mine\n")
@@ -367,6 +410,46 @@ def test_check_catches_a_page_size_mismatch(ports, tmp_path):
     assert bad[0].path == str(d / "p2p.c") and bad[0].line
 
 
+def test_check_refuses_a_third_code_file(ports, tmp_path):
+    """Two files make a port (DESIGN.md): a third .py, .c or .h in its directory is an error
+    naming it; a README, an __init__.py and other files are not."""
+    d = tmp_path / "acme"
+    shutil.copytree(ports / "acme", d)
+    for extra in ("helper.py", "extra.c", "util.h", "__init__.py", "notes.txt"):
+        (d / extra).write_bytes(os.urandom(32).hex().encode())
+    (d / "sub.py").mkdir()  # a directory, not a file of the port
+    rep = portcheck.check("acme", directory=str(d), compile_kernel=False)
+    third = [f for f in rep.findings if f.topic == "files" and f.level == "error"]
+    assert [f.path for f in third] == [str(d / n) for n in ("extra.c", "helper.py", "util.h")], third
+    assert all("a port is two files" in f.message for f in third) and rep.failed
+    out = phx_port("check", "acme", "--dir", str(d), "--no-kernel-build")
+    assert out.returncode == 1 and f"{d / 'helper.py'}: error: [files]" in out.stdout, out.stdout + out.stderr
+    for f in ("extra.c", "helper.py", "util.h"):
+        (d / f).unlink()
+    rep = portcheck.check("acme", directory=str(d), compile_kernel=False)
+    assert [f.level for f in rep.findings if f.topic == "files"] == ["ok"]
+
+
+def test_check_refuses_a_kdir_that_is_not_a_kernel_tree(ports, tmp_path):
+    """--kdir is validated before kernel/ is looked for, so the refusal is the same in a checkout
+    and in an installed package (which has no kernel/ and skips the build)."""
+    not_tree = tmp_path / "notkernel"
+    not_tree.mkdir()
+    (not_tree / "Makefile").write_bytes(os.urandom(64))  # a Makefile alone is not a build tree
+    env = {"PHX_VENDOR_PATH": str(ports)}
+    for kdir, words in ((not_tree, ["not a kernel build tree", "include/"]), (tmp_path / "nosuch", ["does not exist"])):
+        out = phx_port("check", "acme", "--kdir", str(kdir), env_extra=env)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and out.stdout == "", (out.returncode, out.stdout, out.stderr)
+        assert lines[0].startswith(f"phx-port check: --kdir {kdir}") and all(w in lines[0] for w in words), lines[0]
+    f = portcheck.compile_kernel_file("acme", str(ports / "acme" / "p2p.c"), kdir=str(not_tree))
+    assert f.level == "error" and "not a kernel build tree" in f.message, f
+    tree = tmp_path / "tree"
+    (tree / "include").mkdir(parents=True)
+    (tree / "Makefile").write_text("all:\n")
+    assert portcheck.kdir_problem(str(tree)) is None and portcheck.kdir_problem("none") is None
+
+
 def test_check_kernel_build_reports_lines(ports, tmp_path):
     d = tmp_path / "broken"
     shutil.copytree(ports / "acme", d)
@@ -378,6 +461,80 @@ def test_check_kernel_build_reports_lines(ports, tmp_path):
     if f.level == "skip":
         pytest.skip(f.message)
     assert f.level == "error" and f"{d / 'p2p.c'}:{i + 1}:" in f.message
+
+
+def _new_in_process(*argv: str) -> None:
+    from phoenix.cli import port
+
+    assert port.main(["new", *argv]) == 0
+
+
+def _stub_syntax_check(name: str, p2p: Path) -> None:
+    """p2p.c against phoenix's stub kernel headers (-Wall -Werror), where kernel/ and gcc are here."""
+    f = portcheck.compile_kernel_file(name, str(p2p), kdir="none")
+    if f.level != "skip":
+        assert f.level == "ok", f.message
+
+
+def test_kernel_file_names_are_the_ports_own(tmp_path):
+    """Every name p2p.c defines is phx_<name>_* (PHX_<NAME>_* for macros): a port named after a
+    kernel name (kref: kref_init) or a driver's symbol prefix does not redefine it."""
+    _new_in_process("kref", "--vendors-dir", str(tmp_path))
+    text = (tmp_path / "kref" / "p2p.c").read_text()
+    defined = re.findall(r"^static\b[^(=;\[]*?\b(\w+)\s*[(=;\[]", text, re.M)
+    macros = [m for m in re.findall(r"^#define\s+(\w+)", text, re.M) if m != "pr_fmt"]
+    assert len(defined) >= 15 and len(macros) >= 3, (defined, macros)
+    assert [d for d in defined if not d.startswith("phx_kref_")] == []
+    assert [m for m in macros if not m.startswith("PHX_KREF_")] == []
+    assert not re.search(r"(?<![\w])kref_(?!p2p_pin_memory)\w*\s*\(", text.replace("phx_kref_", "")), "a kref_* call"
+    _stub_syntax_check("kref", tmp_path / "kref" / "p2p.c")
+
+
+def test_generated_files_keep_the_command_line_inside_their_comments(tmp_path):
+    """A path with ``*/``, ``/*``, a newline, backticks, quotes and a backslash, recorded in each
+    file's comment or docstring, stays inside it: p2p.c's header comment, runtime.py's docstring,
+    pyproject.toml's # line, README.md's code span."""
+    import ast
+    import shlex
+
+    evil = tmp_path / "a*" / 'n\nl`x"""\\N{/*'
+    cases = [
+        ("evil", ["--like", "cuda", "--prefix", "ev", "--lib", "libev.so", "--vendors-dir", str(evil)], evil / "evil"),
+        ("evilpkg", ["--out", str(evil / "pkg")], evil / "pkg" / "phoenix_vendor_evilpkg"),
+    ]
+    lines = {}
+    for name, argv, where in cases:
+        _new_in_process(name, *argv)
+        line = lines[name] = scaffold.comment_text("phx-port " + shlex.join(["new", name, *argv]), "toml")
+        assert "\n" not in line and "*/" in line and "\\n" in line
+        p2p = (where / "p2p.c").read_text()
+        header = p2p[p2p.index("/*") : p2p.index("*/")]
+        assert "Generated by" in header and "(phoenix " in header, header
+        assert scaffold.comment_text(line, "c") in header
+        doc = ast.get_docstring(ast.parse((where / "runtime.py").read_text()))
+        assert f"Generated by ``{line}``" in doc
+        _stub_syntax_check(name, where / "p2p.c")
+    (gen,) = [ln for ln in (evil / "evil" / "README.md").read_text().splitlines() if ln.startswith("Generated by")]
+    assert gen.startswith(f"Generated by {scaffold.comment_text(lines['evil'], 'md')} (phoenix "), gen
+    toml = (evil / "pkg" / "pyproject.toml").read_text().splitlines()
+    head = toml[: next(i for i, ln in enumerate(toml) if ln.startswith("[build-system]"))]
+    assert all(ln.startswith("#") or not ln.strip() for ln in head), head
+    assert lines["evilpkg"] in head[0]
+    try:
+        import tomllib
+    except ImportError:
+        return
+    assert tomllib.loads("\n".join(toml))["project"]["name"] == "phoenix-vendor-evilpkg"
+
+
+def test_comment_text():
+    c = scaffold.comment_text
+    assert c("a*/b/*c*/*/", "c") == "a*\\/b/\\*c*\\/\\*\\/" and "*/" not in c("*/*/**//", "c")
+    assert "/*" not in c("*/*/**//", "c") and c("x\ny\tz", "toml") == "x\\ny\\tz"
+    assert (
+        c('a\\N{"""', "py") == 'a\\\\N{\\"\\"\\"' and eval(f'"""{c(chr(92) + "N" + chr(34) * 3, "py")}"""') == '\\N"""'
+    )
+    assert c("a`b``c", "md") == "```a`b``c```" and c("`a", "md") == "`` `a ``"
 
 
 def test_different_page_size_is_written_on_both_sides(tmp_path):

@@ -194,6 +194,67 @@ def test_import_error_reported_and_isolated(tmp_path, monkeypatch):
     assert registry.get_runtime("host").name == "host"
 
 
+EXITS = """
+    import sys
+
+    sys.exit("no device here")
+"""
+
+
+def test_a_vendor_that_exits_at_import_is_an_import_failure(tmp_path, monkeypatch):
+    """sys.exit() in a vendor's module is that vendor's import failure, not the process ending."""
+    from phoenix import portcheck
+
+    monkeypatch.setenv("PHX_VENDOR_PATH", str(make_vendors(tmp_path, exits=EXITS)))
+    found = registry.discover()
+    entry = found["exits"]
+    assert entry.load() is None
+    assert "sys.exit('no device here')" in entry.error, entry.error
+    assert entry.error.endswith(f"({tmp_path / 'exits' / 'runtime.py'}:4)"), entry.error
+    assert not entry.probe().usable
+    with pytest.raises(VendorUnavailable, match="sys.exit"):
+        registry.select("exits")
+    sel = registry.select("auto", found)  # the others are untouched
+    assert "sys.exit" in sel.skipped["exits"]
+    rep = portcheck.check("exits", compile_kernel=False)
+    (imp,) = [f for f in rep.findings if f.topic == "import"]
+    assert imp.level == "error" and "sys.exit('no device here')" in imp.message and imp.line == 4, imp
+
+
+FAILS_IN_A_LIBRARY = """
+    import json
+
+    SETTINGS = json.loads("{not json")
+"""
+
+FAILS_IN_A_HELPER = """
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "helper_of_this_vendor.py")
+    spec = importlib.util.spec_from_file_location("helper_of_this_vendor", path)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+"""
+
+
+def test_import_failure_names_the_vendors_own_line(tmp_path, monkeypatch):
+    """The place of an import failure is the vendor's file and line, not phoenix's importer,
+    importlib's or a library's frame."""
+    make_vendors(
+        tmp_path, inlib=FAILS_IN_A_LIBRARY, syntax="x = 1\ndef (:\n", missing="x = 1\nimport no_such_module_q\n"
+    )
+    make_vendors(tmp_path, helper=FAILS_IN_A_HELPER)
+    (tmp_path / "helper" / "helper_of_this_vendor.py").write_text("x = 1\n\nraise OSError('no /dev/acme0')\n")
+    monkeypatch.setenv("PHX_VENDOR_PATH", str(tmp_path))
+    found = registry.discover()
+    expect = {"inlib": ("runtime.py", 4), "syntax": ("runtime.py", 2), "missing": ("runtime.py", 2)}
+    expect["helper"] = ("helper_of_this_vendor.py", 3)
+    for name, (file, line) in expect.items():
+        error = found[name].error
+        assert error.endswith(f"({tmp_path / name / file}:{line})"), (name, error)
+        assert "registry.py" not in error and "importlib" not in error, error
+
+
 def test_selecting_the_broken_vendor_says_why(tmp_path, monkeypatch):
     monkeypatch.setenv("PHX_VENDOR_PATH", str(make_vendors(tmp_path, boom=BOOM)))
     with pytest.raises(VendorUnavailable, match="broken on purpose"):
@@ -260,6 +321,36 @@ def test_auto_falls_back_to_host_and_says_why(tmp_path, monkeypatch):
     for name in in_tree_names():
         if name != "host":
             assert sel.skipped[name], f"no reason recorded for skipping {name}"
+
+
+HOST_UNUSABLE = """
+    from phoenix.vendor import Probe, VendorRuntime
+
+    class Runtime(VendorRuntime):
+        name = "host"
+        is_test_double = True
+
+        @classmethod
+        def probe(cls):
+            return Probe(False, "no host device (PHX_HOST_DEVICES=0)")
+"""
+
+
+def test_auto_fails_with_a_reason_where_the_fallback_cannot_serve(tmp_path, monkeypatch):
+    """auto with no accelerator vendor usable and a host fallback whose probe says no: select()
+    raises VendorUnavailable naming both (it chose host, whose runtime then failed to start)."""
+    monkeypatch.setenv("PHX_VENDOR_PATH", str(make_vendors(tmp_path, unusable=UNUSABLE)))
+    found = registry.discover()
+    real = [n for n, e in found.items() if n != "host" and e.probe().usable and registry.auto_priority(e) > 0]
+    if real:
+        pytest.skip(f"a real accelerator vendor is usable here ({real}): auto picks it")
+    path = make_vendors(tmp_path / "fallback", host=HOST_UNUSABLE) / "host" / "runtime.py"
+    found["host"] = registry.VendorEntry("host", "test", str(path), registry._file_loader("host", str(path)))
+    with pytest.raises(VendorUnavailable) as exc:
+        registry.select("auto", found)
+    msg = str(exc.value)
+    assert "PHX_VENDOR=auto" in msg and "the fallback 'host' cannot" in msg, msg
+    assert msg.endswith("cannot: no host device (PHX_HOST_DEVICES=0)") and "unusable" in msg, msg
 
 
 def test_auto_is_the_default(monkeypatch):

@@ -7,12 +7,14 @@ this package.
 
 from __future__ import annotations
 
+from phoenix.cli._run import add_subcommands
+
 from . import kvtrace, loader, loadlat, throughput
 
 
 def add_parser(sub) -> None:
-    p = throughput.add_parser(sub)
-    benches = p.add_subparsers(dest="bench_cmd", metavar="{kv-trace,loader,loadlat}")
+    p = throughput.add_parser(sub)  # the throughput bench's options: refused before a subcommand
+    benches = add_subcommands(p, dest="bench_cmd", metavar="{kv-trace,loader,loadlat}")
     kvtrace.add_parser(benches)
     loader.add_parser(benches)
     loadlat.add_parser(benches)

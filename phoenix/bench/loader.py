@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from phoenix.cli._run import comma_list, positive_int, positive_size, vendor_runtime
+from phoenix.cli._run import comma_list, output_file, positive_int, positive_size, vendor_runtime
 from phoenix.phxloader import ALIGN, DEFAULT_CHUNK, DEFAULT_DEPTH, DTYPES, load_file, read_header, save_file
 from phoenix.settings import get as settings
 from phoenix.settings import override
@@ -537,7 +537,7 @@ def add_parser(sub) -> None:
         help="sweep phxloader over I/O workers x bytes in flight first (1,2,4,8,16 workers, 4-16 MiB, and the "
         "settings' own; one cold run per point), then measure it at its fastest (default: on with --fast-device)",
     )
-    b.add_argument("--json", metavar="OUT", help="also write the result as JSON")
+    b.add_argument("--json", type=output_file, metavar="OUT", help="also write the result as JSON")
     b.set_defaults(func=main)
 
 

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 
-from phoenix.cli._run import positive_int, positive_size, vendor_runtime
+from phoenix.cli._run import output_file, positive_int, positive_size, vendor_runtime
 from phoenix.vendor import CopyKind
 
 from . import fastdev
@@ -327,7 +327,7 @@ def add_parser(sub) -> None:
     b.add_argument("--threads", type=positive_int, default=8, help="I/O threads (phoenix workers, KvikIO's pool)")
     b.add_argument("--device", type=int, default=0, help="device ordinal (default 0)")
     b.add_argument("--keep-write-file", action="store_true", help="keep --write-file (removed if this run made it)")
-    b.add_argument("--json", metavar="OUT", help="also write the records as JSON")
+    b.add_argument("--json", type=output_file, metavar="OUT", help="also write the records as JSON")
     b.add_argument("--quiet", action="store_true", help="no progress lines")
     fastdev.add_argument(b, "--file and --write-file (their names kept, their directories replaced)")
     b.set_defaults(func=main)

@@ -32,7 +32,7 @@ import statistics
 import sys
 import time
 
-from phoenix.cli._run import comma_list, positive_int, positive_size, vendor_runtime
+from phoenix.cli._run import comma_list, output_file, positive_int, positive_size, vendor_runtime
 from phoenix.vendor import CopyKind
 
 from .files import check_bench_file, drop_cache, prepare_file, warm_cache
@@ -633,9 +633,10 @@ def add_parser(sub):
         "on the H200 VM 8 x 8 matched the raw rate at 0.7x the CPU of 16 x 4)",
     )
     p.add_argument("--device", type=int, default=0, help="device ordinal (default 0)")
-    p.add_argument("--json", metavar="FILE", help="write the records as a JSON list")
+    p.add_argument("--json", type=output_file, metavar="FILE", help="write the records as a JSON list")
     p.add_argument(
         "--plot",
+        type=output_file,
         metavar="FILE",
         help="write a PNG: a panel per operation and cache state, bars with "
         "the ratio to the raw reference and CPU s/GB (lines where several concurrencies ran)",

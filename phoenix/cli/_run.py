@@ -179,6 +179,46 @@ class ArgumentParser(argparse.ArgumentParser):
         return ns, rest
 
 
+_GIVEN = "_options_given"  # the namespace attribute where a parser's own options note themselves
+
+
+class _SubcommandsAfterOptions(argparse._SubParsersAction):
+    """The subcommands of a parser that has options of its own: an option given before the
+    subcommand is the parent's, which does not run, so it is refused (it was ignored)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = vars(namespace).pop(_GIVEN, [])
+        if given and values:
+            name, them, one = values[0], ", ".join(dict.fromkeys(given)), len(set(given)) == 1
+            parser.error(
+                f"{them} {'is an option' if one else 'are options'} of '{parser.prog}' itself: before the "
+                f"subcommand '{name}' {'it is' if one else 'they are'} ignored; put the options of "
+                f"'{parser.prog} {name}' after '{name}'"
+            )
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _noting(action: argparse.Action) -> None:
+    """Make ``action`` note its option string in the namespace whenever the command line gives it."""
+    base = type(action)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        vars(namespace).setdefault(_GIVEN, []).append(option_string)
+        base.__call__(self, parser, namespace, values, option_string)
+
+    action.__class__ = type(base.__name__, (base,), {"__call__": __call__})
+
+
+def add_subcommands(parser: argparse.ArgumentParser, **kwargs):
+    """``parser.add_subparsers(**kwargs)`` for a parser whose own options (all added before this
+    call) mean nothing to its subcommands: ``phx bench --size 1G loader x`` is refused in one
+    line instead of loading with --size ignored."""
+    for action in parser._actions:
+        if action.option_strings and not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            _noting(action)
+    return parser.add_subparsers(action=_SubcommandsAfterOptions, **kwargs)
+
+
 def add_debug_flag(parser: argparse.ArgumentParser) -> None:
     """Show ``--debug`` in the help; :func:`take_debug` removes it before parsing, so that it
     works after any subcommand too."""
@@ -235,6 +275,29 @@ def nonnegative_float(text: str) -> float:
     if not x >= 0 or x == float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r}: must be a number of at least 0")
     return x
+
+
+def output_file(text: str) -> str:
+    """An argparse type: a file a command writes (``--json``, ``--plot``, ``--out``), checked when
+    the command line is read, so that a run is not lost at its end for a bad destination: not a
+    directory, in a directory that exists and may be written (the file may be replaced through a
+    temporary one beside it), and, if it exists, writable."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty: give a file path")
+    path = os.path.abspath(text)
+    parent = os.path.dirname(path)
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{text} is a directory: give a file path (e.g. {os.path.join(text, 'out')})")
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"{text}: its directory {parent} does not exist; create it or give another")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: the directory {parent} is read-only; give a writable directory")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text} exists and is read-only; give a file you may write")
+    return text
+
+
+output_file.__name__ = "file"
 
 
 def comma_list(choices: Iterable[str] | None = None, item: Callable[[str], object] = str) -> Callable[[str], list]:

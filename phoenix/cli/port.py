@@ -63,6 +63,24 @@ package in the phoenix.vendors group), PHX_VENDOR_PATH (a directory holding
 """
 
 
+#: the longest --test-timeout (about 11.6 days): past it a number is a typo, not a limit
+TEST_TIMEOUT_MAX = 1e6
+
+
+def test_timeout(text: str) -> float:
+    """An argparse type: seconds from 0 (no limit) to :data:`TEST_TIMEOUT_MAX`."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= x <= TEST_TIMEOUT_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r}: give seconds from 0 (no limit) to {TEST_TIMEOUT_MAX:.0f}")
+    return x
+
+
+test_timeout.__test__ = False  # not a test, for pytest's collection of a module importing it
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="phx-port",
@@ -105,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--test-timeout",
-        type=float,
+        type=test_timeout,
         default=120.0,
         metavar="SECONDS",
         help="a single test running longer is stopped and counted as failed (default 120; 0: none)",
@@ -167,7 +185,7 @@ Then: phx-port check NAME; phx-port test NAME [--emulated]; docs/porting.md.
 EPILOG_CHECK = """\
 Checks, each reported as file:line: level: message (levels: ok, error, not implemented,
 skipped, note):
-  files            runtime.py and p2p.c present
+  files            runtime.py and p2p.c present, no third .py/.c/.h beside them
   import, name     runtime.py imports; Runtime.name equals NAME
   operations       every operation of phoenix/vendor.py implemented (a method that
                    still calls the generated _fill_me placeholder is not)
@@ -275,7 +293,7 @@ def cmd_new(args) -> int:
             like=args.like,
             prefix=args.prefix,
             library=args.library,
-            pci_vendor=scaffold.parse_pci_vendor(args.pci_vendor) if args.pci_vendor else None,
+            pci_vendor=scaffold.parse_pci_vendor(args.pci_vendor) if args.pci_vendor is not None else None,
             page_size=scaffold.parse_page_size(args.page_size),
             out=args.out,
             vendors_dir=args.vendors_dir,
@@ -310,9 +328,25 @@ def cmd_new(args) -> int:
     return 0
 
 
+def check_args(args) -> None:
+    """Refuse, before any check runs, what ``phx-port check`` cannot use: a name no port can
+    have, an empty --dir or --kdir (else silently the default), a --kdir that is no kernel
+    build tree (checked before kernel/ is looked for: an installed phoenix has none)."""
+    from phoenix import portcheck, scaffold
+
+    scaffold.validate_name_shape(args.name)
+    for option, path in (("--dir", args.dir), ("--kdir", args.kdir)):
+        if path is not None and not path.strip():
+            raise scaffold.ScaffoldError(f"{option} is empty: give a directory (or leave {option} out)")
+    problem = portcheck.kdir_problem(args.kdir)
+    if problem:
+        raise scaffold.ScaffoldError(problem)
+
+
 def cmd_check(args) -> int:
     from phoenix import portcheck
 
+    check_args(args)
     rep = portcheck.check(args.name, directory=args.dir, kdir=args.kdir, compile_kernel=not args.no_kernel_build)
     if rep.directory is None:
         print(f"phx-port check: {rep.findings[0].message}", file=sys.stderr)

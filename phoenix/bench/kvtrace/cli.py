@@ -15,6 +15,7 @@ import argparse
 import datetime
 import errno
 import json
+import math
 import os
 import platform
 import socket
@@ -22,9 +23,11 @@ import sys
 from dataclasses import asdict
 
 from phoenix.cli._run import (
+    add_subcommands,
     comma_list,
     nonnegative_float,
     nonnegative_int,
+    output_file,
     positive_int,
     positive_size,
     size,
@@ -77,6 +80,17 @@ def _seconds(text: str) -> float:
     x = nonnegative_float(text)
     if x <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0 seconds")
+    return x
+
+
+def _fraction(text: str) -> float:
+    """An argparse type: a number between 0 and 1."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= x <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be between 0 and 1 (a fraction of a session's rounds)")
     return x
 
 
@@ -164,7 +178,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--warm-start",
-        type=nonnegative_float,
+        type=_fraction,
         default=0.6,
         help="initial sessions start at a round drawn from the first FRACTION of their rounds, their history "
         "already cached (default 0.6; 0: from round 0)",
@@ -237,13 +251,15 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--dry-run", action="store_true", help="tiny geometry, trace and capacities: the same code path in seconds"
     )
-    p.add_argument("--json", metavar="FILE", help="write the records as a JSON list")
-    p.add_argument("--plot", metavar="FILE", help="write a PNG of p99 TTFT (95%% CI) and QPS against concurrency")
+    p.add_argument("--json", type=output_file, metavar="FILE", help="write the records as a JSON list")
+    p.add_argument(
+        "--plot", type=output_file, metavar="FILE", help="write a PNG of p99 TTFT (95%% CI) and QPS against concurrency"
+    )
     p.set_defaults(func=main, kv_cmd=None, _kv_parser=p)
-    ksub = p.add_subparsers(dest="kv_cmd", metavar="{gen,plot}")
+    ksub = add_subcommands(p, dest="kv_cmd", metavar="{gen,plot}")  # the replay's options: not before gen, plot
     gp = ksub.add_parser("gen", help="write a generated trace (JSON lines) and print its statistics")
     _trace_args(gp)
-    gp.add_argument("--out", required=True, metavar="FILE", help="trace file to write")
+    gp.add_argument("--out", required=True, type=output_file, metavar="FILE", help="trace file to write")
     gp.set_defaults(func=main_gen)
     pp = ksub.add_parser(
         "plot",
@@ -253,7 +269,7 @@ def add_parser(sub) -> None:
         "color everywhere; points not run (--stop-over) are absent. Needs matplotlib.",
     )
     pp.add_argument("files", nargs="+", metavar="FILE", help="records of a run (phx bench kv-trace --json FILE)")
-    pp.add_argument("--out", required=True, metavar="PNG", help="the PNG to write")
+    pp.add_argument("--out", required=True, type=output_file, metavar="PNG", help="the PNG to write")
     pp.add_argument("--title", default="", help="the figure's title (default: from the records)")
     pp.set_defaults(func=main_plot)
 
@@ -543,13 +559,49 @@ def read_records(path: str) -> list[dict]:
             records = json.load(fh)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: not a JSON file ({exc})") from None
-    if (
-        not isinstance(records, list)
-        or not records
-        or not all(isinstance(r, dict) and {"config", "concurrency", "threshold_s"} <= r.keys() for r in records)
-    ):
-        raise ValueError(f"{path}: not the records of a 'phx bench kv-trace' run (its --json: a list of points)")
+    not_a_run = "not the records of a 'phx bench kv-trace' run (its --json: a list of points)"
+    if not isinstance(records, list) or not records:
+        raise ValueError(f"{path}: {not_a_run}")
+    for i, r in enumerate(records):
+        problem = record_problem(r)
+        if problem:
+            raise ValueError(f"{path}: record {i}: {problem}; {not_a_run}")
     return records
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def record_problem(r) -> str | None:
+    """What makes ``r`` no point record that the table, the limits and the plots can read (None:
+    nothing): the keys they read, of the types ``--json`` writes them with."""
+    if not isinstance(r, dict):
+        return f"a {type(r).__name__}, not a JSON object"
+    missing = [k for k in ("config", "concurrency", "threshold_s") if k not in r]
+    if missing:
+        return f"no {', '.join(missing)}"
+    if not isinstance(r["config"], str):
+        return f"config is {r['config']!r}, not a name"
+    if not isinstance(r["concurrency"], int) or isinstance(r["concurrency"], bool) or r["concurrency"] < 1:
+        return f"concurrency is {r['concurrency']!r}, not a whole number of at least 1"
+    if not _number(r["threshold_s"]) or r["threshold_s"] < 0:
+        return f"threshold_s is {r['threshold_s']!r}, not a number of seconds"
+    for k in ("label", "storage"):
+        if r.get(k) is not None and not isinstance(r[k], str):
+            return f"{k} is {r[k]!r}, not text"
+    if r.get("skipped"):  # a point not run: its reason, no figures
+        return None if isinstance(r["skipped"], str) else f"skipped is {r['skipped']!r}, not a reason"
+    if not isinstance(r.get("under_threshold"), bool):
+        return f"under_threshold is {r.get('under_threshold')!r}, not true or false"
+    p99, ci, qps = r.get("ttft_p99_s"), r.get("ttft_p99_ci_s"), r.get("qps")
+    if p99 is not None and not _number(p99):
+        return f"ttft_p99_s is {p99!r}, not a number of seconds"
+    if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(_number(x) for x in ci)):
+        return f"ttft_p99_ci_s is {ci!r}, not [low, high] in seconds"
+    if p99 is not None and not _number(qps):
+        return f"qps is {qps!r}, not a number"
+    return None
 
 
 def main_plot(args) -> int:
