@@ -434,7 +434,9 @@ elif case == "read-only":
     libc.mprotect(a, n, 1)
 elif case == "registered-then-unmapped":
     pio.register((a, n))
-    libc.munmap(a, n)
+    # unmapped: its pages are gone, and a PROT_NONE mapping holds the addresses so that
+    # nothing made later (the io_uring engine's rings) is mapped there in their place
+    assert libc.mmap(a, n, 0, 0x32, -1, 0) == a  # PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_FIXED
 with ps.override(engine=engine), pio.open(path, "r+") as f:
     for op, boff in (("read", 1), ("read", 3), ("write", 1), ("write", 3)):
         if case == "read-only" and op == "write":
