@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the NVIDIA issue needs from the H200 machine, in one call:
-#   benchmarks/h200.sh [stages...]   stages: setup info conformance bench loader lmcache kvtrace split fastdev loadlatfast loaderfast cpusplit
+#   benchmarks/h200.sh [stages...]   stages: setup info conformance bench loader lmcache kvtrace split splitfast fastdev loadlatfast loaderfast cpusplit
 #   (fastdev, issue 21: the 8 GiB cold bench on a loop device over a tmpfs file, the raw O_DIRECT reference swept;
 #   loaderfast, issue 21 item 5: phxloader on that device against safetensors, fastsafetensors and the raw best)
 #   (default: all but split and warmcfg; split: benchmarks/h200_diag.py, where random and first warm reads
@@ -62,6 +62,15 @@ if has split; then
     timeout ${PHX_SPLIT_TIMEOUT:-150} python3 -P benchmarks/h200_diag.py warm --file /dev/shm/phx-bench.bin --size 8G \
         --json "$OUT/diag-warm.json" > "$OUT/diag-warm.log" 2>&1; echo "split warm rc=$?"; cut -c1-230 "$OUT/diag-warm.log" | tail -12
     rm -f /dev/shm/phx-bench.bin
+fi
+
+if has splitfast; then
+    # issue 21's random-read ceiling: the rand split (raw with its own or shared destinations, phoenix into device
+    # memory and into 2 MiB-page host memory, io_uring 8 x 8 / 4 x 16 / 16 x 4, threads engine 64) on the loop device
+    timeout ${PHX_SPLIT_TIMEOUT:-200} python3 -P benchmarks/h200_diag.py rand --fast-device ${PHX_FASTDEV_SIZE:-9G} --size 8G \
+        --nops ${PHX_SPLIT_NOPS:-40000} --reps ${PHX_SPLIT_REPS:-3} --all --json "$OUT/diag-rand-fastdev.json" > "$OUT/diag-rand-fastdev.log" 2>&1
+    echo "splitfast rc=$?"; cut -c1-260 "$OUT/diag-rand-fastdev.log" | grep -v " rep [0-9]:" | tail -16
+    if losetup -a | grep -q phx-fastdev || grep -q phx-fastdev /proc/mounts; then echo "splitfast: LEFT BEHIND:"; losetup -a; fi
 fi
 
 if has warmcfg; then

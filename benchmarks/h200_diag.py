@@ -4,6 +4,10 @@ setup), PHX_VENDOR=nvidia:
 
     python3 -P benchmarks/h200_diag.py rand --file /root/phx-bench.bin --json rand.json
     python3 -P benchmarks/h200_diag.py warm --file /dev/shm/phx-bench.bin --json warm.json
+    python3 -P benchmarks/h200_diag.py rand --fast-device 9G --all --json rand-fastdev.json
+
+(--fast-device SIZE: the file on a "loop device over RAM (stand-in for a fast NVMe array)",
+set up and torn down as by phx bench --fast-device.)
 
 rand: 64 KiB random reads at 64 in flight, cold, each variant after a cache drop, the
 variants interleaved with the order rotated each repetition (a phoenix variant's context
@@ -34,6 +38,7 @@ import numpy as np
 
 import phoenix.io as pio
 import phoenix.settings as ps
+from phoenix.bench import fastdev
 from phoenix.bench import files as pbf
 from phoenix.bench import raw as praw
 from phoenix.registry import get_runtime
@@ -172,7 +177,9 @@ def rand(a) -> list[dict]:
         ("raw_shared_8M", raw_shared(8 << 20)),
         ("raw_shared_256M", raw_shared(span)),
         ("dev_8x8_fresh", many((dev, span), 8, fresh=True)),
+        ("dev_4x16_fresh", many((dev, span), 4, fresh=True)),  # phx bench randread's 4 workers x 16
         ("host2M_8x8_fresh", many(huge_buf, 8, fresh=True)),
+        ("host2M_4x16_fresh", many(huge_buf, 4, fresh=True)),
         ("host2M_64thr_fresh", many(huge_buf, 64, "threads", fresh=True)),
     ]
     if a.all:  # the variants that explained no loss: fixed offsets, 16 x 4, 4 KiB pages, 64 threads
@@ -397,7 +404,8 @@ def warmcfg(a) -> list[dict]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=["rand", "warm", "warmcfg"])
-    p.add_argument("--file", required=True)
+    p.add_argument("--file", help="the file (with --fast-device: its name there)")
+    fastdev.add_argument(p, "the file")
     p.add_argument("--size", default="8G")
     p.add_argument("--nops", type=int, default=60000)
     p.add_argument("--reps", type=int, default=2)
@@ -408,7 +416,15 @@ def main() -> int:
     )
     p.add_argument("--json")
     a = p.parse_args()
-    recs = {"rand": rand, "warm": warm, "warmcfg": warmcfg}[a.what](a)
+    if not a.file and not a.fast_device:
+        p.error("--file or --fast-device is needed")
+    with fastdev.directory(a, parse_size(a.size) + (64 << 20)) as d:
+        if d:  # the "loop device over RAM (stand-in for a fast NVMe array)", torn down on exit
+            a.file = os.path.join(d, os.path.basename(a.file or "phx-bench.bin"))
+            print(f"storage: {fastdev.LABEL}: {a.file}", flush=True)
+        recs = {"rand": rand, "warm": warm, "warmcfg": warmcfg}[a.what](a)
+        for r in recs:
+            r["storage"] = fastdev.LABEL if d else a.file
     if a.json:
         with open(a.json, "w") as f:
             json.dump(recs, f, indent=1)

@@ -48,8 +48,10 @@ TARGET_RAW = 0.90  #: issue 21: phxloader cold / the raw best, on the fast devic
 OWN_FS = "the file's own file system"
 #: phxloader's sweep: (I/O workers, bytes of file I/O in flight), cold, one run per point (the
 #: settings' own point is added). A device served by CPU copies (a loop device) is fastest
-#: with few bytes and workers in flight; a fast NVMe array wants more.
+#: with few bytes and workers in flight (phx bench's read sweep: 2 MiB); a fast NVMe array wants more.
 PHX_GRID = (
+    (1, 2 << 20),
+    (2, 2 << 20),
     (1, 4 << 20),
     (1, 16 << 20),
     (2, 4 << 20),
