@@ -18,8 +18,7 @@
 #          (--fast-devices: the stand-in for a fast 4-drive array; one loop device's rate is
 #          bounded per device, 4 in parallel read ~3x one on the H200 machine; one 10-minute
 #          command holds all four configurations at three concurrencies: PHX_KV_STRIPE_CONC=6,8,12
-#          PHX_KV_MAX_DURATION=45 PHX_KV_TIME_SCALE=0.05 took 445 s, the record
-#          benchmarks/results/2026-12-04-h200-kvtrace-stripe.json)
+#          PHX_KV_MAX_DURATION=45 PHX_KV_TIME_SCALE=0.05; the record and its figures: benchmarks/README.md)
 #   tmpfs: /dev/shm itself: the slab is page cache (RAM-backed, faster than any drive)
 # Configurations: dram (evicted KV recomputed), staged (naive pread + synchronous copy), kvikio
 # (KvikIO compat mode, 16 threads, 4 MiB tasks, its opportunistic Direct I/O on: what a user picks

@@ -16,7 +16,7 @@ REQUIRED = {"op", "impl", "vendor", "warm", "gbps", "cpu_s_per_gb", "threads", "
 
 def test_phx_bench_records(tmp_path):
     out = tmp_path / "bench.json"
-    env = dict(os.environ, PHX_VENDOR="host")
+    env = dict(os.environ, PHX_VENDOR="host", PHX_QUEUE_DEPTH="3")
     cmd = [
         sys.executable,
         "-P",
@@ -51,6 +51,8 @@ def test_phx_bench_records(tmp_path):
         assert REQUIRED <= r.keys(), r
         assert r["vendor"] == "host" and r["test_double"] is True
         assert r["gbps"] > 0 and r["size"] > 0
+        # the command that made it: argv and the PHX_* settings the command line does not show
+        assert "--json" in r["meta"]["argv"] and r["meta"]["env"]["PHX_QUEUE_DEPTH"] == "3"
     have = {(r["op"], r["impl"], r["warm"]) for r in recs if not r.get("first")}
     for want in [
         ("read", "raw_odirect", False),
@@ -94,6 +96,7 @@ def test_phx_bench_loadlat(tmp_path):
     ]
     for r in recs:
         assert r["bench"] == "loadlat" and r["block"] == 1 << 20 and r["meta"]["test_double"] is True
+        assert r["meta"]["env"]["PHX_VENDOR"] == "host"
         assert 1 <= r["loads"] == len(r["lat_ms"]) <= 4
         assert 0 < r["p50_ms"] <= r["p99_ms"] <= r["max_ms"]
         assert (r["writes"] == "none") == ("write_gbps" not in r)

@@ -192,6 +192,7 @@ def test_bench_interleaves_peers_ratios_against_the_best(tmp_path, monkeypatch):
         quiet=True,
     )
     assert len(res["raw_sweep"]) == 3 and res["raw_best"]["best_of"] == 3
+    assert res["env"] == {k: v for k, v in os.environ.items() if k.startswith("PHX_")}  # settings beside argv
     s = loader.settings()
     own = (s.threads, s.inflight)
     swept = [(p["threads"], p["inflight"]) for p in res["phoenix_sweep"]]

@@ -106,6 +106,7 @@ def test_small_replay_accounting(rt, tmp_path):
     records = kvtrace.run(args, log=lambda *a: None)
     configs = records[0]["meta"]["configs"]  # by default all four; kvikio only where it can run (not here)
     assert configs == ["dram", "staged", "phoenix"] and "kvikio left out" in records[0]["meta"]["configs_note"]
+    assert all(k.startswith("PHX_") for k in records[0]["meta"]["env"])  # the settings beside argv
     assert [(r["config"], r["concurrency"]) for r in records] == [(c, n) for n in (1, 4) for c in configs]
     for rec in records:
         _check_accounting(rec)

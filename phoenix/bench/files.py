@@ -11,6 +11,12 @@ import os
 import sys
 
 
+def settings_env() -> dict[str, str]:
+    """The ``PHX_*`` environment of this run (settings the command line does not show):
+    records carry it beside ``argv``, so that the command that made them can be rerun."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("PHX_")}
+
+
 def drop_cache(*paths: str) -> str:
     """Evict the files from the page cache; returns how (for the record).
 

@@ -36,7 +36,7 @@ from phoenix.settings import get as settings
 from phoenix.settings import override
 
 from . import fastdev
-from .files import drop_cache, warm_cache
+from .files import drop_cache, settings_env, warm_cache
 from .loader_peers import fastsafetensors_impl, safetensors_impl
 from .raw import raw_transfer
 from .sweep import SWEEP_CHUNKS, config_text, select_sweep
@@ -273,6 +273,7 @@ def bench(
                 stats_of.setdefault(name, []).append(dict(last_stats))
     res: dict = {
         "argv": sys.argv,
+        "env": settings_env(),
         "file": path,
         "size": size,
         "device": str(device),

@@ -32,7 +32,7 @@ from phoenix.cli._run import output_file, positive_int, positive_size, vendor_ru
 from phoenix.vendor import CopyKind
 
 from . import fastdev
-from .files import check_bench_file, drop_cache, prepare_file
+from .files import check_bench_file, drop_cache, prepare_file, settings_env
 
 
 class _Done:
@@ -249,6 +249,7 @@ def run(args, records: list[dict]) -> list[dict]:
         "write_depth": args.write_depth,
         "kvikio": kv_why,
         "argv": sys.argv,
+        "env": settings_env(),
         **(
             {"storage": fastdev.LABEL, "fast_device": args.fast_device_info}
             if getattr(args, "fast_device_info", None)

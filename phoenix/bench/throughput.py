@@ -35,7 +35,7 @@ import time
 from phoenix.cli._run import comma_list, output_file, positive_int, positive_size, vendor_runtime
 from phoenix.vendor import CopyKind
 
-from .files import check_bench_file, drop_cache, prepare_file, warm_cache
+from .files import check_bench_file, drop_cache, prepare_file, settings_env, warm_cache
 from .raw import naive_transfer, raw_transfer
 from .report import FONT, IMPLS, legend, plain_log_axis, plot, report, table  # noqa: F401 (re-exported)
 from .sweep import (
@@ -572,6 +572,7 @@ def run(args, records: list[dict] | None = None) -> list[dict]:
             "file": args.file,
             "kvikio": kv_why,
             "argv": sys.argv,
+            "env": settings_env(),
             **({"fast_device": args.fast_device_info} if getattr(args, "fast_device_info", None) else {}),
         }  # argv: the command that made the record
         for r in b.records:  # in `finally`: the records of a run a later failure stopped carry it too

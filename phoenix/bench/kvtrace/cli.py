@@ -36,6 +36,7 @@ from phoenix.cli._run import (
 from phoenix.vendor import parse_size
 
 from .. import fastdev
+from ..files import settings_env
 from .compute import DTYPE_BYTES
 from .replay import CONFIGS, Replayer
 from .report import (  # noqa: F401 (re-exported: phoenix.bench.kvtrace.cli was their home)
@@ -296,6 +297,7 @@ def _meta(args, rp, stats, note: str) -> dict:
         "platform": platform.platform(),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "argv": sys.argv,
+        "env": settings_env(),
         "label": args.label,
         "configs": list(args.configs),
         "configs_note": note,
