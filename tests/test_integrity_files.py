@@ -21,6 +21,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -330,6 +331,7 @@ def test_both_descriptors_name_the_inode_opened_while_the_path_is_swapped(tmp_pa
         if not f.info()["direct"]:
             pytest.skip("no O_DIRECT here")
     stop = threading.Event()
+    swaps = [0]
 
     def swap():
         while not stop.is_set():
@@ -337,14 +339,19 @@ def test_both_descriptors_name_the_inode_opened_while_the_path_is_swapped(tmp_pa
                 os.rename(a, t)
                 os.rename(b, a)
                 os.rename(t, b)
+                swaps[0] += 1
             except FileNotFoundError:
                 pass
 
     th = threading.Thread(target=swap, daemon=True)
     th.start()
-    mismatched = opened = 0
+    mismatched = opened = attempts = 0
+    # opens race the swaps for at least 3000 attempts and 0.5 s, until 300 of them opened (how
+    # many do depends on the scheduler: from a few per thousand to all), 20 s at most
+    t0 = time.monotonic()
     try:
-        for _ in range(3000):
+        while (attempts < 3000 or time.monotonic() - t0 < 0.5 or opened < 300) and time.monotonic() - t0 < 20:
+            attempts += 1
             try:
                 f = pio.open(a)
             except OSError as exc:  # caught between two renames
@@ -360,7 +367,7 @@ def test_both_descriptors_name_the_inode_opened_while_the_path_is_swapped(tmp_pa
     finally:
         stop.set()
         th.join()
-    assert opened > 100
+    assert opened > 100 and swaps[0] > 100, (opened, attempts, swaps[0])
     assert mismatched == 0, f"{mismatched} of {opened} opens: the O_DIRECT descriptor named another file"
 
 
@@ -589,6 +596,7 @@ RACE = """
         reads = bad = outside = 0
         end = time.monotonic() + seconds
         while time.monotonic() < end:
+            h0 = pio.stats()["fmap_hits"]
             n = f.read(d.buf(), N, 0, G)
             reads += 1
             got = d.get()
@@ -602,6 +610,10 @@ RACE = """
                 page_end = (S // 4096 + 1) * 4096
                 if wrong[0] < S or wrong[-1] >= page_end or (got[G + wrong] != 0).any():
                     outside += 1
+                    if outside <= 3:  # what went wrong, for the failure's message
+                        runs = np.split(wrong, np.flatnonzero(np.diff(wrong) != 1) + 1)
+                        print(f"read {reads}: count {n}, {wrong.size} wrong bytes in", [(int(r[0]), int(r[-1]) + 1) for r in runs[:6]],
+                              "values", got[G + wrong[:8]].tolist(), "from the mapping" if pio.stats()["fmap_hits"] > h0 else "staged", file=sys.stderr)
         stop.set()
         th.join()
     st = pio.stats()
@@ -615,6 +627,7 @@ def race(tmp_path, seconds=1.5):
     words = r.stdout.split()
     stats = dict(zip(words[::2], map(int, words[1::2]), strict=True))
     assert stats["reads"] > 10 and stats["cuts"] > 10 and stats["hits"] > 0, r.stdout
+    stats["detail"] = r.stderr[-3000:]
     return stats
 
 

@@ -50,14 +50,16 @@ static void fg_handler(int sig, siginfo_t *si, void *uc)
             if (!lo || a < lo || a >= atomic_load_explicit(&t[i].hi, memory_order_acquire))
                 continue;
             uintptr_t page = a & ~(fg_page - 1), hi = atomic_load(&t[i].hi);
-            if (mmap((void *)page, hi - page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
-                MAP_FAILED)
-                break;
+            /* poisoned before the zero pages are mapped: another thread copying from this
+             * window that reads them (no fault) finds its count cut when it looks */
             uintptr_t cur = atomic_load(&t[i].poison);
             while ((!cur || page < cur) && !atomic_compare_exchange_weak(&t[i].poison, &cur, page))
                 ;
             if (!cur)
                 atomic_fetch_add(&fg_poisoned, 1);
+            if (mmap((void *)page, hi - page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
+                MAP_FAILED)
+                break; /* the fault stands: the previous action takes it */
             return;
         }
     }

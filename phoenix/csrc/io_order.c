@@ -60,18 +60,14 @@ int phx_fence_record(phx_ctx *ctx, int device, void *stream, phx_fence **out)
     if (!ctx->has_dp)
         return -ENODEV;
     const struct phx_dp_table *dp = &ctx->dp;
-    /* The default stream (0) is the current device's: make `device` current meanwhile. */
-    int prev = -1, switched = 0;
-    if (dp->get_device && dp->get_device(&prev) != dp->success)
-        prev = -1;
-    if (device < 0)
-        device = prev < 0 ? 0 : prev;
-    if (prev >= 0 && prev != device) {
-        if (dp->set_device(device) != dp->success)
-            return -EIO;
-        switched = 1;
+    int prev = -1, rc;
+    if (device < 0) { /* the current device's stream: nothing to switch */
+        if (!dp->get_device || dp->get_device(&device) != dp->success || device < 0)
+            device = 0;
+    } else if ((rc = device_switch(dp, device, &prev)) < 0) {
+        return rc;
     }
-    int rc = 0;
+    rc = 0;
     if (!ctx->has_events) {
         /* no events: the caller's work so far is done before anything is submitted */
         if (dp->stream_synchronize(stream) != dp->success)
@@ -95,9 +91,26 @@ int phx_fence_record(phx_ctx *ctx, int device, void *stream, phx_fence **out)
         if (rc < 0)
             ctx_put(ctx);
     }
-    if (switched)
-        dp->set_device(prev);
+    device_restore(dp, prev);
     return rc;
+}
+
+int device_switch(const struct phx_dp_table *dp, int device, int *prev)
+{
+    int cur = -1;
+    *prev = -1;
+    if (device < 0 || !dp->get_device || dp->get_device(&cur) != dp->success || cur < 0 || cur == device)
+        return 0;
+    if (dp->set_device(device) != dp->success)
+        return -EIO;
+    *prev = cur;
+    return 0;
+}
+
+void device_restore(const struct phx_dp_table *dp, int prev)
+{
+    if (prev >= 0)
+        dp->set_device(prev);
 }
 
 phx_fence *fence_ref(phx_fence *f)

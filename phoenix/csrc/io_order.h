@@ -30,6 +30,13 @@ int fence_host_wait(phx_fence *f);
 int fence_order_copy(struct io_worker *w, int dev, void *stream, phx_fence *f);
 phx_fence *fence_ref(phx_fence *f);
 void fence_fini(struct phx_ctx *ctx);
+/* Queue on `device`'s streams: the default stream (0, and the legacy default's aliases) is the
+ * current device's. Makes `device` current where another is; *prev is then the caller's, to
+ * give back with device_restore (-1: nothing switched: `device` < 0, already current, or a
+ * runtime without get_device). -EIO where set_device refuses. */
+struct phx_dp_table;
+int device_switch(const struct phx_dp_table *dp, int device, int *prev);
+void device_restore(const struct phx_dp_table *dp, int prev);
 #pragma GCC visibility pop
 
 #endif

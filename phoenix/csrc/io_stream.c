@@ -35,6 +35,7 @@
 #include "io_file.h"
 #include "io_fmap.h"
 #include "io_pool.h"
+#include "io_order.h"
 #include "io_req.h"
 #include "io_sync.h"
 #include "io_worker.h" /* IO_MAX_DEVICES */
@@ -416,15 +417,14 @@ int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64
     if (!ctx->has_dp)
         return -ENODEV; /* launch_host_func comes from the vendor */
     const struct phx_dp_table *dp = &ctx->dp;
-    int want = d->mem == PHX_MEM_HOST ? -1 : d->device, prev = -1;
+    int want = d->mem == PHX_MEM_HOST ? -1 : d->device, prev;
     if (want >= IO_MAX_DEVICES)
         return -EINVAL;
-    if (want < 0 || !dp->get_device || dp->get_device(&prev) != dp->success || prev == want)
-        return stream_io(ctx, d, stream, bytes_done, out);
-    if (dp->set_device(want) != dp->success)
-        return -EIO;
-    int rc = stream_io(ctx, d, stream, bytes_done, out);
-    dp->set_device(prev);
+    int rc = device_switch(dp, want, &prev);
+    if (rc < 0)
+        return rc;
+    rc = stream_io(ctx, d, stream, bytes_done, out);
+    device_restore(dp, prev);
     return rc;
 }
 

@@ -5,8 +5,9 @@
  * depends on (io_swrite.c). A built request (io_plan.c) is counted in its file and its
  * context (req_enter), waits on the host for its fence where the CPU or the disk touches
  * its memory, and is queued for the workers (queue_push); a refusal at that point
- * completes it with the error (req_refused): a failed request fails alone. Handles are reference counted: the
- * caller's and the engine's; the last release frees (req_unref, io_chunk.c).
+ * completes it with the error (req_refused): a failed request fails alone. Handles are
+ * reference counted: the caller's and the engine's; the last release frees (req_unref,
+ * io_chunk.c).
  */
 #include "io_ctx.h"
 #include "io_file.h"
