@@ -212,7 +212,30 @@ def file_error(err: int, file, offset, length, what: str) -> PhxIOError:
                 )
             elif not write and not readable:
                 reason = f"the file is opened write-only ({mode!r}); open it with 'r' or 'r+' to read"
+    elif err == _errno.EIO or (err in _PARTIAL and _writes(what)):
+        reason = _partial_reason(err, _writes(what))
     return PhxIOError(err, path, offset, length, what, reason=reason)
+
+
+#: errors after which part of a request's range may have moved, and what to do about each
+_PARTIAL = {
+    _errno.ENOSPC: "free space on the file system",
+    _errno.EDQUOT: "free space or raise the quota",
+    _errno.EFBIG: "keep the range under the file system's largest file size and RLIMIT_FSIZE",
+    _errno.EIO: "look for the error of the storage device (dmesg) or of the accelerator's runtime",
+}
+
+
+def _partial_reason(err: int, write: bool) -> str:
+    """ENOSPC, EDQUOT, EFBIG (writes), EIO: a request moves in chunks, in parallel, so chunks
+    other than the failed one may have completed: say so, and how to recover."""
+    if write:
+        part = "part of the range may have been written (chunks run in parallel): its bytes in the file are undefined"
+        then = "then write the whole range again"
+    else:
+        part = "part of the range may have been read: the destination's bytes for it are undefined"
+        then = "then read it again"
+    return f"{os.strerror(err)}; {part}; {_PARTIAL[err]}, {then}"
 
 
 def extent_error(path: str | None, offset: int, length: int, what: str, reason: str | None = None) -> PhxIOError:

@@ -69,7 +69,10 @@ vendor without events makes phoenix synchronize the caller's stream before it su
 (``phx info``, "caller_stream", says which). :mod:`phoenix.streams` finds the stream.
 
 Errors: :class:`~phoenix.errors.PhxIOError` (an OSError) naming the file, the offset
-and the length; a short read at end of file is a count, not an error.
+and the length; a short read at end of file is a count, not an error. A request moves in
+chunks that run in parallel: after ENOSPC, EDQUOT, EFBIG or EIO other chunks of it may have
+completed, so the range's bytes (in the file, or in the destination) are undefined until the
+whole range is moved again; the message says so.
 """
 
 from __future__ import annotations

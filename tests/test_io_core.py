@@ -209,6 +209,8 @@ def test_enospc_names_file_offset_length(rt):
             f.write(bytearray(10_000), 10_000, 0)
     assert ei.value.errno == errno.ENOSPC
     assert ei.value.path == "/dev/full" and ei.value.length == 10_000
+    # what the file holds now, and what to do
+    assert "part of the range may have been written" in str(ei.value) and "free space" in str(ei.value)
 
 
 def test_eio_in_one_chunk_fails_the_request(rt, engine, mode, dev, tmp_path):
@@ -223,6 +225,7 @@ def test_eio_in_one_chunk_fails_the_request(rt, engine, mode, dev, tmp_path):
             assert ei.value.errno == errno.EIO
             assert ei.value.offset == 0 and ei.value.length == 1 << 20
             assert "262144" in str(ei.value)  # the failing chunk [256K, 320K)
+            assert "the destination's bytes for it are undefined" in str(ei.value)
             inject_fault(f, 0, 0, 0)
             assert f.read(d.buf()) == 1 << 20
 
