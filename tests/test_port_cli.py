@@ -229,3 +229,17 @@ def test_help_texts():
 def test_no_command_is_a_usage_error():
     proc = phx_port()
     assert proc.returncode == 2 and "usage" in proc.stderr
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_report_dir_refused_before_the_suite_runs(tmp_path, where):
+    """``--report-dir`` that cannot be a directory is refused when the command line is read
+    (exit 2, one line naming it), not after the suite has run for minutes."""
+    f = tmp_path / "report.txt"
+    f.write_text("not a directory")
+    dest = f if where == "a file" else f / "reports"
+    proc = phx_port("test", "host", "-q", "--report-dir", str(dest), timeout=120)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, (proc.returncode, proc.stdout[-2000:], proc.stderr)
+    assert "--report-dir" in lines[0] and str(dest) in lines[0] and "is a file" in lines[0], lines[0]
+    assert "passed" not in proc.stdout and f.read_text() == "not a directory"

@@ -300,6 +300,28 @@ def output_file(text: str) -> str:
 output_file.__name__ = "file"
 
 
+def output_dir(text: str) -> str:
+    """An argparse type: a directory a command writes files into (``--report-dir``), made if
+    missing, checked when the command line is read: not a file, and it (or, where it is still to
+    be made, its nearest existing parent) a directory that may be written."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty: give a directory path")
+    path = os.path.abspath(text)
+    probe = path
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        where = "is a file" if probe == path else f"would be made under {probe}, which is a file"
+        raise argparse.ArgumentTypeError(f"{text} {where}: give a directory path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        what = "is read-only" if probe == path else f"would be made under {probe}, which is read-only"
+        raise argparse.ArgumentTypeError(f"{text} {what}; give a writable directory")
+    return text
+
+
+output_dir.__name__ = "directory"
+
+
 def comma_list(choices: Iterable[str] | None = None, item: Callable[[str], object] = str) -> Callable[[str], list]:
     """An argparse type for ``a,b,c``: each item converted by ``item`` and, with ``choices``,
     one of them (else the error lists the valid values); at least one item."""

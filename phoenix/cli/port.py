@@ -27,7 +27,7 @@ import sys
 from phoenix import registry
 from phoenix.errors import UnknownVendorError
 
-from ._run import ArgumentParser, add_debug_flag, run_main
+from ._run import ArgumentParser, add_debug_flag, output_dir, run_main
 
 DEFAULT_REPORT_DIR = "phx-report"
 
@@ -106,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--report-dir",
         default=DEFAULT_REPORT_DIR,
+        type=output_dir,
         metavar="DIR",
         help=f"where to write conformance-NAME.json and .md (default: ./{DEFAULT_REPORT_DIR}/)",
     )
