@@ -108,16 +108,31 @@ def backends(sysfs: str = SYSFS) -> list[Backend]:
         if len(words) < 2:
             continue
         fields = dict(w.split("=", 1) for w in words[2:] if "=" in w)
+        devs, page = _number(fields.get("devices", "0")), _number(fields.get("page_size", "0"))
+        reason = reason.strip()
+        if devs is None or page is None:  # not what this phoenix's core writes: say so, raise nothing
+            where = os.path.join(sysfs, "class", "phx", "backends")
+            reason = f"unreadable line in {where}: {line.strip()!r} (a core module of another phoenix version?)"
         out.append(
             Backend(
                 name=words[0],
-                available=words[1] == "available",
-                devices=int(fields.get("devices", 0)),
-                page_size=int(fields.get("page_size", 0)),
-                reason=reason.strip(),
+                available=words[1] == "available" and devs is not None and page is not None,
+                devices=devs or 0,
+                page_size=page or 0,
+                reason=reason,
             )
         )
     return out
+
+
+def _number(text: str) -> int | None:
+    """A sysfs number (decimal, or 0x... hexadecimal), or None where it is not one."""
+    for base in (10, 0):
+        try:
+            return int(text.strip(), base)
+        except ValueError:
+            pass
+    return None
 
 
 def devices(vendor: str | None = None, sysfs: str = SYSFS, dev: str = DEV) -> list[DeviceInfo]:
@@ -135,20 +150,24 @@ def devices(vendor: str | None = None, sysfs: str = SYSFS, dev: str = DEV) -> li
             v = _read(os.path.join(d, a))
             return default if v is None else v
 
+        def num(a: str, default: int = 0) -> int:  # unreadable: the default (-1 for an ordinal: no device)
+            v = _number(attr(a, str(default)))
+            return default if v is None else v
+
         info = DeviceInfo(
             name=name,
             path=os.path.join(dev, name),
             vendor=attr("vendor", ""),
-            ordinal=int(attr("ordinal", "-1")),
-            page_size=int(attr("page_size")),
+            ordinal=num("ordinal", -1),
+            page_size=num("page_size"),
             map_mode=attr("map_mode", ""),
             pci_bdf=attr("pci_bdf", ""),
-            bar=int(attr("bar", "-1")),
-            bar_size=int(attr("bar_size")),
-            max_map=int(attr("max_map")),
-            mappings=int(attr("mappings")),
-            pinned_bytes=int(attr("pinned_bytes")),
-            reclaims=int(attr("reclaims")),
+            bar=num("bar", -1),
+            bar_size=num("bar_size"),
+            max_map=num("max_map"),
+            mappings=num("mappings"),
+            pinned_bytes=num("pinned_bytes"),
+            reclaims=num("reclaims"),
         )
         if vendor is None or info.vendor == vendor:
             out.append(info)

@@ -344,3 +344,25 @@ def test_direct_path_in_qemu(built, tmp_path):
             assert not ok and "cannot serve" in why
     (d,) = [kmod.DeviceInfo(**x) for x in st["devices"]]
     assert (d.vendor, d.page_size, d.map_mode, d.bar) == ("host", 65536, "full", 2)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+def test_unreadable_sysfs_numbers_are_reasons_not_exceptions(tmp_path):
+    """What another core version (or a damaged tree) might write: nothing raises (``phx info``
+    prints kmod.status), the backend says why it cannot serve, a device's number falls back."""
+    sysfs, dev = loaded_tree(tmp_path)
+    with open(os.path.join(sysfs, "class", "phx", "backends"), "a") as f:
+        f.write("weird available devices=two page_size=64K\n")
+    with open(os.path.join(sysfs, "class", "phx", "phx_host0", "mappings"), "w") as f:
+        f.write("lots\n")
+    bes = {b.name: b for b in kmod.backends(sysfs)}
+    assert bes["host"].available and bes["host"].devices == 1  # the good lines as before
+    w = bes["weird"]
+    assert not w.available and (w.devices, w.page_size) == (0, 0)
+    assert "unreadable line" in w.reason and "devices=two" in w.reason
+    (d,) = kmod.devices("host", sysfs, dev)
+    assert d.mappings == 0 and d.ordinal == 0 and d.bar_size == 128 << 20
+    st = kmod.status(sysfs, dev)  # what `phx info` shows
+    assert any(b["name"] == "weird" and "unreadable" in b["reason"] for b in st["backends"])
+    ok, why = kmod.direct_status("weird", 0, sysfs=sysfs, dev=dev)
+    assert not ok and "unreadable line" in why
