@@ -125,6 +125,10 @@ class PhxFile:
     6.5+; backing off while it misses); True always uses O_DIRECT (PhxIOError EINVAL
     where refused); False never uses it. ``sync=True``
     opens with O_DSYNC: a write is durable when its future completes.
+    ``fd``: adopt an open descriptor (the caller keeps and closes its own): phoenix opens the
+    inode again through ``/proc/self/fd`` (a regular file or block device), so flags the caller
+    sets on its descriptor later (O_APPEND, O_DIRECT) do not change phoenix's I/O; a dup where
+    that cannot be done and no such flag is set yet.
     Thread-safe: any number of threads may submit I/O on one file.
     """
 

@@ -440,6 +440,34 @@ def test_from_fd_writes_at_the_offset_after_the_caller_sets_o_append(tmp_path, e
         os.close(fd)
 
 
+@pytest.mark.parametrize("engine", ["io_uring", "threads"])
+def test_from_fd_reads_after_the_caller_sets_o_direct_on_a_read_only_descriptor(tmp_path, engine):
+    """A read-only descriptor adopted without O_DIRECT, which the caller sets on it later
+    (fcntl F_SETFL): a dup shared the open file description, so phoenix's buffered reads of
+    unaligned extents became O_DIRECT ones and failed (EINVAL). Phoenix has a description of
+    its own: every read moves its bytes; the caller's flag stays the caller's."""
+    path = tmp_path / "ro-later.bin"
+    base = np.random.default_rng(5).integers(0, 256, 64 << 10, dtype=np.uint8)
+    base.tofile(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with ps.override(engine=engine, mode="staged"), pio.PhxFile(None, "r", fd=fd) as f:
+            try:
+                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
+            except OSError:
+                pytest.skip("no O_DIRECT here")
+            for off, size in ((100, 5000), (4096 + 7, 3 * 4096), (0, base.size), (60_000, 10_000)):
+                got = np.full(size, POISON, dtype=np.uint8)
+                n = f.read(got, size, off)
+                want = base[off : off + size]
+                assert n == want.size
+                np.testing.assert_array_equal(got[:n], want)
+                assert (got[n:] == POISON).all()
+        assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT  # the caller's descriptor: as it set it
+    finally:
+        os.close(fd)
+
+
 def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 

@@ -280,13 +280,14 @@ int phx_file_from_fd(int fd, int direct, phx_file **out)
     /* The buffered descriptor: a new open file description of the inode where the
      * caller's carries a flag ours must not have -- O_DIRECT (phoenix's own, below),
      * O_APPEND (Linux then appends every write, whatever its offset) -- which a dup would
-     * share and clearing it would clear for the caller; and for every writable regular
-     * file or block device, whose flags the caller may still change (a later
-     * F_SETFL O_APPEND on a shared description would redirect phoenix's writes). A dup
-     * otherwise, and where no new description can be had without O_APPEND or O_DIRECT
-     * at stake (no /proc, the inode's permissions changed since the caller's open). */
+     * share and clearing it would clear for the caller; and for every regular file or
+     * block device, whose flags the caller may still change (a later F_SETFL O_APPEND on
+     * a shared description would redirect phoenix's writes, O_DIRECT would make its
+     * unaligned reads fail). A dup otherwise, and where no new description can be had
+     * without O_APPEND or O_DIRECT at stake (no /proc, the inode's permissions changed
+     * since the caller's open). */
     int must = (fl & O_DIRECT) || ((fl & O_APPEND) && acc != O_RDONLY);
-    int own = must || (acc != O_RDONLY && (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode)));
+    int own = must || S_ISREG(st.st_mode) || S_ISBLK(st.st_mode);
     int nfd = own ? reopen_fd(fd, NULL, base | O_NONBLOCK, &st) : -1;
     if (nfd >= 0 && (rc = fd_blocking(nfd)) < 0) {
         close(nfd);
