@@ -525,7 +525,7 @@ PHXFILE_API int phxFileHandleRegister(void **fh, int fd)
     if (!h)
         return -ENOMEM;
     phx_file *f = NULL;
-    rc = c_file_from_fd(fd, PHX_DIRECT_AUTO, &f); /* dups the fd: the caller keeps and closes its own */
+    rc = c_file_from_fd(fd, PHX_DIRECT_AUTO, &f); /* its own descriptors: the caller keeps and closes its fd */
     if (rc < 0) {
         free(h);
         return rc;
