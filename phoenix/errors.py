@@ -194,10 +194,10 @@ def file_error(err: int, file, offset, length, what: str) -> PhxIOError:
     says so and how to open it instead, from the file's mode."""
     path = getattr(file, "path", None)
     reason = None
+    write = _writes(what)
     if err == _errno.EBADF and file is not None:
         mode = getattr(file, "mode", None)
         fd = getattr(file, "_fd", None)
-        write = _writes(what)
         if fd is not None:
             reason = (
                 f"descriptor {fd} is not open for {'writing' if write else 'reading'} (Bad file descriptor); "
@@ -212,8 +212,8 @@ def file_error(err: int, file, offset, length, what: str) -> PhxIOError:
                 )
             elif not write and not readable:
                 reason = f"the file is opened write-only ({mode!r}); open it with 'r' or 'r+' to read"
-    elif err == _errno.EIO or (err in _PARTIAL and _writes(what)):
-        reason = _partial_reason(err, _writes(what))
+    elif err == _errno.EIO or (err in _PARTIAL and write):
+        reason = _partial_reason(err, write)
     return PhxIOError(err, path, offset, length, what, reason=reason)
 
 

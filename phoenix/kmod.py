@@ -109,14 +109,15 @@ def backends(sysfs: str = SYSFS) -> list[Backend]:
             continue
         fields = dict(w.split("=", 1) for w in words[2:] if "=" in w)
         devs, page = _number(fields.get("devices", "0")), _number(fields.get("page_size", "0"))
+        readable = devs is not None and page is not None
         reason = reason.strip()
-        if devs is None or page is None:  # not what this phoenix's core writes: say so, raise nothing
+        if not readable:  # not what this phoenix's core writes: say so, raise nothing
             where = os.path.join(sysfs, "class", "phx", "backends")
             reason = f"unreadable line in {where}: {line.strip()!r} (a core module of another phoenix version?)"
         out.append(
             Backend(
                 name=words[0],
-                available=words[1] == "available" and devs is not None and page is not None,
+                available=words[1] == "available" and readable,
                 devices=devs or 0,
                 page_size=page or 0,
                 reason=reason,

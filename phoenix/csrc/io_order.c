@@ -60,14 +60,13 @@ int phx_fence_record(phx_ctx *ctx, int device, void *stream, phx_fence **out)
     if (!ctx->has_dp)
         return -ENODEV;
     const struct phx_dp_table *dp = &ctx->dp;
-    int prev = -1, rc;
+    int prev = -1, rc = 0;
     if (device < 0) { /* the current device's stream: nothing to switch */
         if (!dp->get_device || dp->get_device(&device) != dp->success || device < 0)
             device = 0;
     } else if ((rc = device_switch(dp, device, &prev)) < 0) {
         return rc;
     }
-    rc = 0;
     if (!ctx->has_events) {
         /* no events: the caller's work so far is done before anything is submitted */
         if (dp->stream_synchronize(stream) != dp->success)
