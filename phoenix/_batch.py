@@ -7,13 +7,10 @@ malformed or refused request fails alone.
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
-from ._abi import _lib
 from ._files import PhxFile, _submit_many
 from ._futures import IOFuture
-from .errors import file_error
 
 
 @dataclass
@@ -77,40 +74,13 @@ def batch(requests, *, wait: bool = True, stream=None):
     reqs = [_normalize(r, i) for i, r in enumerate(requests)]
     if not reqs:
         return []
-    if not wait:
-        if len(reqs) == 1:
-            try:
-                return _submit_many(reqs, stream=stream)
-            except Exception as exc:
-                return [IOFuture.failed(exc)]
-        return _submit_many(reqs, stream=stream)
-    if len(reqs) == 1:
+    if len(reqs) == 1:  # one request raises where it is refused: batch returns the error
         try:
             futs = _submit_many(reqs, stream=stream)
         except Exception as exc:
-            return [exc]
+            return [IOFuture.failed(exc)] if not wait else [exc]
+        if not wait:
+            return futs
         err = futs[0].exception()
         return [err if err is not None else futs[0].result()]
-    handles, bufs, meta, early = _submit_many(reqs, want_futures=False, stream=stream)
-    n = len(reqs)
-    results = (ctypes.c_int64 * n)()
-    _lib.phx_req_wait_all(handles, n, results, -1)  # one C call for all, no GIL
-    out: list = []
-    for i in range(n):
-        if i in early:
-            out.append(early[i])
-            continue
-        res = results[i]
-        if res >= 0:
-            out.append(res)
-        else:
-            f, off, size, what = meta[i]
-            eo, el = ctypes.c_int64(off), ctypes.c_uint64(size)
-            _lib.phx_req_error_extent(handles[i], ctypes.byref(eo), ctypes.byref(el))
-            where = (
-                "" if (eo.value, el.value) == (off, size) else f"; failed chunk at offset {eo.value}, length {el.value}"
-            )
-            out.append(file_error(-res, f, off, size, f"{what}{where}"))
-        bufs[i].release()
-    _lib.phx_req_release_all(handles, n)
-    return out
+    return _submit_many(reqs, wait=wait, stream=stream)

@@ -11,16 +11,15 @@ them does. Here too: :func:`prepare`, :func:`shutdown`, and what a forked child 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import ctypes
 import os
 import threading
 import weakref
 
+from . import _phxcore as _calls
 from . import registry as _registry
 from . import settings as _settings
 from ._abi import (
-    _P,
     CFG_CALLBACKS,
     CFG_CPU_COPIES,
     CFG_NO_FIXED_BUFFERS,
@@ -32,7 +31,7 @@ from ._abi import (
     _lib,
 )
 from ._futures import _prune_stream_ops
-from .errors import PhxIOError
+from .errors import PhxError, PhxIOError
 
 # ---- the vendor runtime and the settings it is applied with ------------------------------
 
@@ -53,8 +52,10 @@ def _runtime(s: _settings.Settings | None = None):
     try:
         vendor = s.vendor if s is not None else _settings.effective("vendor")
         return _registry.resolve(vendor)
-    except Exception:  # no usable vendor: host memory still works
+    except PhxError:  # no usable vendor (the registry says why): host memory still works
         return None
+    # (anything else, a signal handler's exception among them, propagates: an engine built
+    # on "no runtime" because of it would be cached and answer "no data path" for good)
 
 
 def fmap_register_flags(s: _settings.Settings, runtime) -> int:
@@ -99,37 +100,39 @@ class _Engine:
 
     Built for one set of pool settings and one runtime; replaced when either changes.
     Requests, futures and stream ops hold a reference; the context is destroyed (after
-    its I/O drains) when the last reference goes, or by :func:`shutdown`. A thread that
-    calls into the context holds it (:func:`_using_engine`): closing waits for it, so
-    the C context is never destroyed under a submission.
+    its I/O drains) when the last reference goes, or by :func:`shutdown`. The context is
+    owned by a C gate (``phoenix._phxcore.Gate``) made in the same C call that creates
+    it: a call into the context holds the gate (:func:`_using_engine`), closing waits for
+    those calls, and an interrupted construction leaves nothing behind.
     """
 
     def __init__(self, s: _settings.Settings, runtime):
         self.key = s.pool_key() + (id(runtime),)
         self.runtime = runtime
         self.settings = s
-        try:
-            dp = runtime.data_path() if runtime is not None else None
-        except Exception:  # a port without a data path still reads into host memory
-            dp = None
+        dp = None
+        if runtime is not None:
+            try:
+                dp = runtime.data_path()
+            except NotImplementedError:  # a port without a data path still reads into host memory
+                dp = None
+            # (any other exception, a signal handler's included, propagates: no engine is made)
         if dp is not None and dp.missing():
             dp = None  # staged and stream-ordered I/O will say ENODEV
         self._dp = dp
         cfg = make_config(s, runtime)
-        handle = _P()
-        rc = _lib.phx_ctx_create(ctypes.byref(cfg), ctypes.byref(dp) if dp is not None else None, ctypes.byref(handle))
-        if rc < 0:
+        gate = _calls.ctx_open(
+            ctypes.addressof(cfg), ctypes.addressof(dp) if dp is not None else 0, "the I/O engine was shut down"
+        )
+        if isinstance(gate, int):
             why = ctypes.create_string_buffer(256)
             _lib.phx_engine_probe(ENGINE[s.engine], why, len(why))
-            raise PhxIOError(-rc, None, 0, 0, f"cannot start the I/O engine {s.engine!r} ({why.value.decode()})")
-        self.handle = handle.value
+            raise PhxIOError(-gate, None, 0, 0, f"cannot start the I/O engine {s.engine!r} ({why.value.decode()})")
+        self._gate = gate
+        self.handle = gate.value
         why = ctypes.create_string_buffer(256)
         self.engine = ENGINE_NAME.get(_lib.phx_ctx_engine(self.handle, why, len(why)), "?")
         self.engine_why = why.value.decode()
-        self._cv = threading.Condition()
-        self._users = 0
-        self._closing = False
-        self._finalizer = weakref.finalize(self, _lib.phx_ctx_destroy, self.handle)
         _all_engines.add(self)
 
     @property
@@ -138,34 +141,22 @@ class _Engine:
 
     @property
     def usable(self) -> bool:
-        return not self._closing and self._finalizer.alive
+        return not self._gate.closed and not self._gate.inherited
 
-    def enter(self) -> bool:
-        """Hold the context for a call into it; False once it is closing."""
-        with self._cv:
-            if not self.usable:
-                return False
-            self._users += 1
-            return True
-
-    def leave(self) -> None:
-        with self._cv:
-            self._users -= 1
-            if not self._users:
-                self._cv.notify_all()
+    @property
+    def users(self) -> int:
+        """Threads inside a call into the context now."""
+        return self._gate.users
 
     def close(self) -> None:
-        """Destroy now: waits for the threads calling into it, then (in C) for the
+        """Destroy now: waits (in C) for the threads calling into it, then for the
         context's requests and stream ops."""
-        with self._cv:
-            self._closing = True
-            while self._users:
-                self._cv.wait()
-        self._finalizer()
+        self._gate.close()
 
 
-_engine_lock = threading.Lock()
+_engine_lock = threading.RLock()  # reentrant: a signal handler may do I/O while it is held
 _engine: _Engine | None = None
+_exiting = False  # set by the interpreter's exit: no engine is made after it
 #: every engine not destroyed yet: the current one, and retired ones that a future, a
 #: stream op (or a traceback holding either) still references
 _all_engines: weakref.WeakSet = weakref.WeakSet()
@@ -182,22 +173,23 @@ def _current_engine(s: _settings.Settings | None = None) -> _Engine:
     with _engine_lock:
         e = _engine
         if e is None or e.key != key or not e.usable:
+            if _exiting:
+                raise RuntimeError("phoenix: the interpreter is exiting; no I/O is started any more")
             # the old engine stays alive while its requests hold it, then goes
-            _engine = e = _Engine(s, rt)
+            e = _Engine(s, rt)
+            _engine = e
     return e
 
 
-@contextlib.contextmanager
+def _pick_engine(s: _settings.Settings | None):
+    e = _current_engine(s)
+    return e._gate, e  # (made per call: an engine must not reference itself)
+
+
 def _using_engine(s: _settings.Settings | None = None):
-    """The current engine, held for the block (shutdown() in another thread waits)."""
-    while True:
-        e = _current_engine(s)
-        if e.enter():
-            break
-    try:
-        yield e
-    finally:
-        e.leave()
+    """``with _using_engine(s) as engine:`` the current engine, held for the block
+    (shutdown() in another thread waits); entered and left in C."""
+    return _calls.Hold(_pick_engine, s)
 
 
 def prepare() -> dict:
@@ -231,16 +223,24 @@ def shutdown() -> None:
         e.close()
 
 
-atexit.register(shutdown)
+def _shutdown_at_exit() -> None:
+    # Threads still doing I/O (daemon threads) get "exiting" for their next call instead of
+    # a new engine, and each context is destroyed once the calls inside it have left, here,
+    # before the interpreter tears modules down.
+    global _exiting
+    _exiting = True
+    shutdown()
+
+
+atexit.register(_shutdown_at_exit)
 
 
 def _after_fork_in_child() -> None:
     # The workers are threads of the parent: the child starts a pool of its own on its
-    # first I/O. The parent's context is left alone (destroying it would wait for
-    # threads that do not exist here).
-    global _engine
-    for e in list(_all_engines):  # detach first: dropping _engine may free the last reference
-        e._finalizer.detach()
+    # first I/O. The parent's contexts are left alone (their gates know they are the
+    # parent's: destroying one would wait for threads that do not exist here).
+    global _engine, _engine_lock
+    _engine_lock = threading.RLock()
     _all_engines.clear()
     _engine = None
 
@@ -254,9 +254,11 @@ def _each_live_engine(fn) -> list:
         engines = list(_all_engines)
     out = []
     for e in engines:
-        if e.enter():
-            try:
-                out.append(fn(e))
-            finally:
-                e.leave()
+        with _calls.Hold(_pick_if_usable, e) as held:
+            if held is not None:
+                out.append(fn(held))
     return out
+
+
+def _pick_if_usable(e: _Engine):
+    return (e._gate, e) if e.usable else None

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import ctypes
 import errno as _errno
+import os
 import threading
 
 from . import buffers as _buffers
 from . import checks as _checks
 from . import streams as _streams
-from ._abi import _P, PHX_IO_OWNED_MEMORY, _lib, _RegInfo, _strerror
+from ._abi import PHX_IO_OWNED_MEMORY, _lib, _RegInfo, _strerror
 from ._engine import _runtime
 from .errors import PhxIOError, RegistrationError, extent_error
 
@@ -179,13 +180,15 @@ _NOTHING = _Nothing()
 
 class _Fences:
     """The caller's stream points one call's requests wait for (``phx_fence_record``):
-    one per (device, stream) among its extents. Released after the requests naming them
+    one per (device, stream) among its extents, recorded into the call's group
+    (``phoenix._phxcore.Requests``), which releases them once the requests naming them
     are submitted (each request holds its own reference in the core)."""
 
-    __slots__ = ("engine", "fences")
+    __slots__ = ("engine", "group", "fences")
 
-    def __init__(self, engine):
+    def __init__(self, engine, group):
         self.engine = engine
+        self.group = group
         self.fences: dict[tuple[int, int], int] = {}
 
     def after(self, r: _Resolved, explicit: int | None, path, file_offset: int, what: str) -> int | None:
@@ -207,8 +210,7 @@ class _Fences:
                 reason=f"stream={stream:#x} given, but no vendor runtime with a data path is selected "
                 "to order with it; set PHX_VENDOR to the stream's vendor",
             )
-        out = _P()
-        rc = _lib.phx_fence_record(self.engine.handle, device, stream, ctypes.byref(out))
+        rc, fence = self.group.fence(self.engine.handle, device, stream)
         if rc < 0:
             raise PhxIOError(
                 -rc,
@@ -220,19 +222,13 @@ class _Fences:
                 f"vendor refused to record an event on it ({_strerror(rc)}; a destroyed stream, or "
                 "another device's?)",
             )
-        self.fences[key] = out.value or 0
-        return out.value or None
-
-    def release(self) -> None:
-        fences, self.fences = self.fences, {}
-        for f in fences.values():
-            if f:
-                _lib.phx_fence_release(f)
+        self.fences[key] = fence
+        return fence or None
 
 
 # ---- registrations ----------------------------------------------------------------------------
 
-_reg_lock = threading.Lock()
+_reg_lock = threading.RLock()  # reentrant: a signal handler may register while it is held
 _registered: dict[int, list] = {}  # base -> adapted buffers kept alive (one per reference)
 
 
@@ -258,9 +254,13 @@ def register(buf) -> int:
         b.release()
         raise RegistrationError(f"cannot register [{b.addr:#x}, +{b.nbytes}): {exc}") from None
     with _reg_lock:
+        # kept first: an exception anywhere below (a signal handler's) may leave the buffer
+        # kept without a C entry, never a C entry for memory nothing keeps alive
+        kept = _registered.setdefault(b.addr, [])
+        kept.append(b)
         rc = _lib.phx_reg_add(b.addr, b.nbytes, mem, device)
         if rc < 0:
-            b.release()
+            _unkeep(b)
             info = _RegInfo()
             other = ""
             for probe in (b.addr, b.addr + b.nbytes - 1):
@@ -270,10 +270,28 @@ def register(buf) -> int:
             raise RegistrationError(f"cannot register [{b.addr:#x}, +{b.nbytes}): {_strerror(rc)}{other}")
         if mem == _buffers.MEM_HOST and _lib.phx_mem_probe(b.addr, b.nbytes) == -_errno.EFAULT:
             _lib.phx_reg_remove(b.addr)
-            b.release()
+            _unkeep(b)
             raise RegistrationError(f"cannot register [{b.addr:#x}, +{b.nbytes}): not accessible memory (freed?)")
-        _registered.setdefault(b.addr, []).append(b)
     return b.addr
+
+
+def _unkeep(b) -> None:
+    kept = _registered.get(b.addr, [])
+    for j, x in enumerate(kept):
+        if x is b:
+            del kept[j]
+            break
+    if not kept:
+        _registered.pop(b.addr, None)
+    b.release()
+
+
+def _after_fork_in_child() -> None:
+    global _reg_lock
+    _reg_lock = threading.RLock()  # (a thread of the parent may have held it at the fork)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def deregister(buf) -> None:

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import ctypes
 import errno as _errno
+import functools
 import os
-import threading
 
+from . import _phxcore as _calls
 from . import buffers as _buffers
 from . import checks as _checks
 from . import settings as _settings
 from . import streams as _streams
 from ._abi import (
     _DESC_DTYPE,
-    _P,
     DIRECT_AUTO,
     DIRECT_OFF,
     DIRECT_ON,
@@ -39,8 +39,8 @@ from ._abi import (
     _lib,
 )
 from ._engine import _using_engine
-from ._extents import _NOTHING, _check_mode, _ClassCache, _Fences, _resolve
-from ._futures import IOFuture, StreamIO, _prune_stream_ops, _stream_lock, _stream_ops
+from ._extents import _check_mode, _ClassCache, _Fences, _resolve
+from ._futures import IOFuture, StreamIO, _prune_stream_ops, _stream_ops
 from .errors import PhxIOError, _opened_for, extent_error, file_error
 
 # ---- files --------------------------------------------------------------------------------
@@ -117,6 +117,10 @@ def _open_error(err: int, path: str, mode: str, direct, fd) -> PhxIOError:
     return PhxIOError(err, path, reason=reason)
 
 
+def _stream_refused(rc: int, f, offset: int, size: int, what: str):
+    raise file_error(-rc, f, offset, size, what)
+
+
 class PhxFile:
     """A file open for I/O between it and host or device memory (KvikIO's ``CuFile``).
 
@@ -142,9 +146,8 @@ class PhxFile:
         perm: int = 0o644,
         fd: int | None = None,
     ):
-        self._h = None
+        self._gate = None
         self._fd = None
-        self._closed = True
         if fd is not None:
             fd = _checks.bounded(fd, "fd", "open", 0, 2**31 - 1)
         self.path = os.fspath(path) if fd is None or path is not None else f"<fd {fd}>"
@@ -152,49 +155,40 @@ class PhxFile:
         flags = _open_flags(mode) | (F_SYNC if sync else 0)
         perm = _checks.bounded(perm, "perm", "open", 0, 0o7777)
         dflag = DIRECT_AUTO if direct is None else DIRECT_ON if direct else DIRECT_OFF
-        handle = _P()
+        what = f"I/O on closed file {self.path}"
         if fd is not None:
-            rc = _lib.phx_file_from_fd(fd, dflag, ctypes.byref(handle))
+            gate = _calls.file_from_fd(fd, dflag, what)
         else:
-            rc = _lib.phx_file_open(_checks.path_bytes(self.path), flags, perm, dflag, ctypes.byref(handle))
-        if rc < 0:
-            raise _open_error(-rc, self.path, mode, direct, fd)
+            gate = _calls.file_open(_checks.path_bytes(self.path), flags, perm, dflag, what)
+        if isinstance(gate, int):
+            raise _open_error(-gate, self.path, mode, direct, fd)
+        # the C file, owned by a gate made in the same C call: entered and left in C by
+        # every call that uses it, closed once (after them) by close() or when collected
+        self._gate = gate
         self._fd = fd
-        self._h = handle.value
-        self._cv = threading.Condition()
-        self._users = 0  # threads inside a submission
-        self._closed = False
 
     # -- lifetime ------------------------------------------------------------------------------
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._gate is None or self._gate.closed
 
-    def _enter(self) -> int:
-        with self._cv:
-            if self._closed:
-                raise ValueError(f"I/O on closed file {self.path}")
-            self._users += 1
-            return self._h
+    @property
+    def _h(self) -> int | None:
+        """The C file's address (None once closed); use it inside ``with self._gate``."""
+        return None if self.closed else self._gate.value
 
-    def _leave(self) -> None:
-        with self._cv:
-            self._users -= 1
-            if self._users == 0:
-                self._cv.notify_all()
+    @property
+    def _users(self) -> int:
+        """Threads inside a call on this file now."""
+        return 0 if self._gate is None else self._gate.users
 
     def close(self) -> None:
         """Close after the file's in-flight I/O (futures and stream ops) completes."""
-        with self._cv:
-            if self._closed:
-                return
-            self._closed = True
-            while self._users:
-                self._cv.wait()
-            h, self._h = self._h, None
-        rc = _lib.phx_file_close(h)  # waits for the file's requests and queued stream ops
-        if rc < 0:
+        if self._gate is None:
+            return
+        first, rc = self._gate.close()  # waits for the calls inside, then the file's I/O (no GIL)
+        if first and rc < 0:
             raise PhxIOError(-rc, self.path, what="close")
 
     def __enter__(self):
@@ -203,36 +197,23 @@ class PhxFile:
     def __exit__(self, *exc):
         self.close()
 
-    def __del__(self):
-        if getattr(self, "_h", None) and not self._closed:
-            try:
-                self.close()
-            except Exception:
-                pass
-
     def __repr__(self):
-        return f"<PhxFile {self.path!r} mode={self.mode!r}{' closed' if self._closed else ''}>"
+        return f"<PhxFile {self.path!r} mode={self.mode!r}{' closed' if self.closed else ''}>"
 
     # -- information ---------------------------------------------------------------------------
 
     def size(self) -> int:
-        h = self._enter()
-        try:
+        with self._gate as h:
             n = _lib.phx_file_size(h)
-        finally:
-            self._leave()
         if n < 0:
             raise PhxIOError(-n, self.path, what="fstat")
         return n
 
     def info(self) -> dict:
         """O_DIRECT in use (and why), its alignments, the descriptors."""
-        h = self._enter()
-        try:
-            fi = _FileInfo()
+        fi = _FileInfo()
+        with self._gate as h:
             _lib.phx_file_query(h, ctypes.byref(fi))
-        finally:
-            self._leave()
         return {
             "direct": bool(fi.direct),
             "why": fi.why.decode(errors="replace"),
@@ -247,11 +228,8 @@ class PhxFile:
         return self.info()["fd_buffered"]
 
     def fsync(self) -> None:
-        h = self._enter()
-        try:
+        with self._gate as h:
             rc = _lib.phx_file_fsync(h)
-        finally:
-            self._leave()
         if rc < 0:
             raise PhxIOError(-rc, self.path, what="fsync")
 
@@ -361,9 +339,12 @@ class PhxFile:
     def _many(self, op, buf, file_offsets, sizes, buf_offsets, check, stream, priority="normal"):
         s = _settings.get()
         with _using_engine(s) as engine:
-            return self._many_on(engine, s, op, buf, file_offsets, sizes, buf_offsets, check, stream, priority)
+            # in a C guard: however this ends, no request of it is still running after it
+            return _calls.guarded(
+                self._many_on, engine, s, op, buf, file_offsets, sizes, buf_offsets, check, stream, priority
+            )
 
-    def _many_on(self, engine, s, op, buf, file_offsets, sizes, buf_offsets, check, stream, priority="normal"):
+    def _many_on(self, g, engine, s, op, buf, file_offsets, sizes, buf_offsets, check, stream, priority="normal"):
         import numpy as np
 
         what = "read_many" if op == OP_READ else "write_many"
@@ -380,7 +361,7 @@ class PhxFile:
         # the buffer resolved at its lowest and its highest extent: the highest end inside
         # the buffer puts every extent inside it; one allocation, one kind of memory
         rs = []
-        fences = _Fences(engine)
+        fences = _Fences(engine, g)
         try:
             for i in (lo_i, hi_i):
                 rs.append(
@@ -431,95 +412,73 @@ class PhxFile:
             descs["after"] = fences.after(e, explicit, self.path, int(fo[lo_i]), what) or 0
             descs["priority"] = prio
             descs["flags"] = r.owned if r.owned and e.owned else 0  # (both ends: one object)
-            handles = np.zeros(n, np.uint64)
-            h = self._enter()
-            try:
-                descs["file"] = h
-                for a in range(0, n, _MANY_SLICE):  # the first slices run while the next are built
-                    b = min(n, a + _MANY_SLICE)
-                    rc = _lib.phx_submit(
-                        engine.handle,
-                        descs[a:].ctypes.data_as(ctypes.POINTER(_Desc)),
-                        b - a,
-                        handles[a:].ctypes.data_as(ctypes.POINTER(_P)),
-                    )
-                    if rc < 0:  # out of memory: the earlier slices are in flight, wait for them
-                        out[a:] = rc
-                        n = a
-                        break
-                hp = handles.ctypes.data_as(ctypes.POINTER(_P))
-                _lib.phx_req_wait_all(hp, n, out.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)), -1)  # no GIL
-                bad = np.flatnonzero(out < 0)
-                err = None
-                if bad.size and check:
-                    k = int(bad[0])
-                    eo, el = ctypes.c_int64(int(fo[k])), ctypes.c_uint64(int(sz[k]))
-                    if handles[k]:
-                        _lib.phx_req_error_extent(_P(int(handles[k])), ctypes.byref(eo), ctypes.byref(el))
-                    err = file_error(
-                        int(-out[k]),
-                        self,
-                        eo.value,
-                        el.value,
-                        f"{what}: extent {k} of {fo.size} failed ({bad.size} failed in all)",
-                    )
-                _lib.phx_req_release_all(hp, n)
-            finally:
-                self._leave()
+            for x in rs:  # the group lets them go once every request is done
+                g.keep_all(x.buf)
+                x.buf = None
         finally:
-            fences.release()
             for x in rs:
                 x.release()
+        descs["file"] = g.enter(self._gate)  # the file stays open until every slice is submitted
+        at = descs.ctypes.data
+        for a in range(0, n, _MANY_SLICE):  # the first slices run while the next are built
+            b = min(n, a + _MANY_SLICE)
+            rc = g.submit(engine.handle, at + a * _DESC_DTYPE.itemsize, b - a)
+            if rc < 0:  # out of memory: the earlier slices are in flight, wait for them
+                out[a:] = rc
+                n = a
+                break
+        g.wait_all(out.ctypes.data, 0, n)  # no GIL
+        bad = np.flatnonzero(out < 0)
+        err = None
+        if bad.size and check:
+            k = int(bad[0])
+            ext = g.error_extent(k) if k < n else None
+            eo, el = ext if ext is not None else (int(fo[k]), int(sz[k]))
+            err = file_error(
+                int(-out[k]), self, eo, el, f"{what}: extent {k} of {fo.size} failed ({bad.size} failed in all)"
+            )
+        g.finish()
         if err is not None:
             raise err
         return out
 
-    def _stream(self, op, buf, size, file_offset, buf_offset, stream, priority="normal") -> StreamIO:
+    def _stream_plan(self, op, buf, size, file_offset, buf_offset, stream, priority) -> tuple:
+        """What read_async / write_async queue: checked and resolved here, in Python (an
+        exception here queues nothing); queued in C (``phoenix._phxcore.StreamMethod``)."""
+        what = "read_async" if op == OP_READ else "write_async"
+        _prune_stream_ops()
         s = _settings.get()
         with _using_engine(s) as engine:
-            return self._stream_on(engine, s, op, buf, size, file_offset, buf_offset, stream, priority)
-
-    def _stream_on(self, engine, s, op, buf, size, file_offset, buf_offset, stream, priority="normal") -> StreamIO:
-        what = "read_async" if op == OP_READ else "write_async"
-        prio = _checks.priority(priority, self.path, what)
-        explicit = None if stream is None else _streams.handle(stream)
-        r = _resolve(
-            engine.runtime, buf, size, buf_offset, op == OP_READ, self.path, file_offset, what, stream=explicit
-        )
-        keep = r.buf if r.buf is not None else _NOTHING
-        try:
-            file_offset = r.foff
-            _check_mode(r, s.mode, self.path, file_offset, what)
-            if not engine.has_data_path:
-                raise PhxIOError(
-                    _errno.ENODEV,
-                    self.path,
-                    file_offset,
-                    r.size,
-                    what,
-                    reason="the vendor runtime has no data path (launch_host_func) for stream-ordered "
-                    "I/O; use read/write (or pread/pwrite) instead",
-                )
-            h = self._enter()
+            prio = _checks.priority(priority, self.path, what)
+            explicit = None if stream is None else _streams.handle(stream)
+            r = _resolve(
+                engine.runtime, buf, size, buf_offset, op == OP_READ, self.path, file_offset, what, stream=explicit
+            )
             try:
-                d = _Desc(h, r.addr, r.size, file_offset, op, r.mem, r.device, MODE[s.mode])
+                file_offset = r.foff
+                _check_mode(r, s.mode, self.path, file_offset, what)
+                if not engine.has_data_path:
+                    raise PhxIOError(
+                        _errno.ENODEV,
+                        self.path,
+                        file_offset,
+                        r.size,
+                        what,
+                        reason="the vendor runtime has no data path (launch_host_func) for stream-ordered "
+                        "I/O; use read/write (or pread/pwrite) instead",
+                    )
+                if self.closed:
+                    raise ValueError(f"I/O on closed file {self.path}")
+                d = _Desc(self._gate.value, r.addr, r.size, file_offset, op, r.mem, r.device, MODE[s.mode])
                 d.priority = prio
                 d.flags = r.owned
-                sop = _P()
                 on = _streams.caller_stream(r.buf, r.mem, explicit) or 0
-                rc = _lib.phx_stream_io(engine.handle, ctypes.byref(d), on, None, ctypes.byref(sop))
-            finally:
-                self._leave()
-            if rc < 0:
-                raise file_error(-rc, self, file_offset, r.size, what)
-        except BaseException:
-            r.release()
-            raise
-        op_obj = StreamIO(sop.value, engine, keep, self, what, r.foff, r.size)
-        _prune_stream_ops()
-        with _stream_lock:
-            _stream_ops.add(op_obj)
-        return op_obj
+            except BaseException:
+                r.release()
+                raise
+        keep, r.buf = r.buf, None
+        plan = (self._gate, engine._gate, engine.handle, ctypes.addressof(d), d, on, StreamIO, _stream_ops)
+        return plan + (keep, what, self, file_offset, r.size, engine)
 
     def read_async(
         self,
@@ -540,7 +499,7 @@ class PhxFile:
         (device memory the CPU cannot address) holds its bounce slots from this call until
         its stream runs it: a call waits while ops queued behind busy streams hold the whole
         pool (``PHX_BOUNCE_POOL_SIZE``), so size the pool for the ops you keep queued."""
-        return self._stream(OP_READ, buf, size, file_offset, buf_offset, stream, priority)
+        return self._stream_plan(OP_READ, buf, size, file_offset, buf_offset, stream, priority)
 
     def write_async(
         self,
@@ -554,7 +513,12 @@ class PhxFile:
     ) -> StreamIO:
         """Write ordered on ``stream`` (see :meth:`read_async`); ``priority="background"``:
         its file I/O goes after normal requests' (see :meth:`pwrite`)."""
-        return self._stream(OP_WRITE, buf, size, file_offset, buf_offset, stream, priority)
+        return self._stream_plan(OP_WRITE, buf, size, file_offset, buf_offset, stream, priority)
+
+    # planned in Python, queued in C: no bytecode of phoenix's runs between the op being
+    # queued and the caller holding its StreamIO (an exception cannot strand a queued op)
+    read_async = functools.update_wrapper(_calls.StreamMethod(read_async, _stream_refused), read_async)
+    write_async = functools.update_wrapper(_calls.StreamMethod(write_async, _stream_refused), write_async)
 
 
 _MANY_SLICE = 1024  # read_many / write_many: requests per phx_submit
@@ -571,31 +535,33 @@ _OPS = {"read": OP_READ, "r": OP_READ, OP_READ: OP_READ, "write": OP_WRITE, "w":
 _FLUSH = 256  # requests per phx_submit: the first ones start while Python prepares the rest
 
 
-def _submit_many(reqs, what_default: str | None = None, want_futures: bool = True, stream=None):
-    """Submit requests; IOFutures, or (handles, buffers, meta, early) for a waiting batch.
+def _submit_many(reqs, what_default: str | None = None, wait: bool = False, stream=None):
+    """Submit requests; their IOFutures, or with ``wait`` their results (counts, or the
+    PhxIOError of each failed one, not raised).
 
     Requests are resolved in Python and handed to the core in groups of _FLUSH (one C
     call each), so the I/O of the first groups runs while the rest are prepared. A
-    request refused in Python fails alone (for one request: raised).
+    request refused in Python fails alone (for one request: raised). The submission runs
+    in a C guard (``phoenix._phxcore.guarded``): if it raises, every request it submitted
+    is waited for before the exception leaves; the futures it returns own their requests.
     """
     s = _settings.get()
     with _using_engine(s) as engine:
-        return _submit_on(engine, s, reqs, what_default, want_futures, stream)
+        return _calls.guarded(_submit_on, engine, s, reqs, what_default, wait, stream)
 
 
-def _submit_on(engine, s, reqs, what_default, want_futures, stream):
+def _submit_on(g, engine, s, reqs, what_default, wait, stream):
     explicit = None if stream is None else _streams.handle(stream)
     rt = engine.runtime
     mode = MODE[s.mode]
-    fences = _Fences(engine)
+    fences = _Fences(engine, g)
     single = len(reqs) == 1
     cache = None if single else _ClassCache()
     n_all = len(reqs)
-    handles = (_P * n_all)()
-    bufs: list = [None] * n_all
+    slot = [-1] * n_all  # request -> its slot in the group
     meta: list = [None] * n_all  # (file, file_offset, size, what)
     early: dict[int, BaseException] = {}
-    files: dict[int, PhxFile] = {}
+    handles: dict[int, int] = {}  # id(file) -> its C file, entered for the submission
     pend: list[int] = []
     descs = (_Desc * min(_FLUSH, n_all))()
 
@@ -603,80 +569,92 @@ def _submit_on(engine, s, reqs, what_default, want_futures, stream):
         k = len(pend)
         if not k:
             return
-        out = (_P * k)()
-        rc = _lib.phx_submit(engine.handle, descs, k, out)
+        first = g.count
+        rc = g.submit(engine.handle, ctypes.addressof(descs), k)
         for j, i in enumerate(pend):
-            if rc < 0 or not out[j]:
+            if rc < 0 or not g.handle(first + j):
                 f, off, size, what = meta[i]
-                bufs[i].release()
-                bufs[i] = None
+                g.collect(first + j)
+                slot[i] = -1
                 early[i] = file_error(_errno.ENOMEM if rc >= 0 else -rc, f, off, size, what)
-            else:
-                handles[i] = out[j]
         pend.clear()
 
-    try:
-        for i, req in enumerate(reqs):
-            if isinstance(req, BaseException):  # malformed (_normalize): fails alone
-                early[i] = req
-                continue
-            f, buf, size, file_offset, buf_offset, op, priority = req
-            opcode = _OPS.get(op) if isinstance(op, (str, int)) and not isinstance(op, bool) else None
-            what = what_default or ("read" if opcode == OP_READ else "write")
+    for i, req in enumerate(reqs):
+        if isinstance(req, BaseException):  # malformed (_normalize): fails alone
+            early[i] = req
+            continue
+        f, buf, size, file_offset, buf_offset, op, priority = req
+        opcode = _OPS.get(op) if isinstance(op, (str, int)) and not isinstance(op, bool) else None
+        what = what_default or ("read" if opcode == OP_READ else "write")
+        try:
+            if opcode is None:
+                raise ValueError(f"request {i}: op {op!r} is not 'read' or 'write'")
+            prio = _checks.priority(priority, getattr(f, "path", None), what if single else f"request {i}: {what}")
+            fh = handles.get(id(f))
+            if fh is None:
+                if not isinstance(f, PhxFile):
+                    raise TypeError(f"request {i}: {type(f).__name__} is not a phoenix file (phoenix.io.open)")
+                fh = handles[id(f)] = g.enter(f._gate)  # ValueError when closed
+            r = _resolve(
+                rt, buf, size, buf_offset, opcode == OP_READ, f.path, file_offset, what, cache, stream=explicit
+            )
             try:
-                if opcode is None:
-                    raise ValueError(f"request {i}: op {op!r} is not 'read' or 'write'")
-                prio = _checks.priority(priority, getattr(f, "path", None), what if single else f"request {i}: {what}")
-                fh = files.get(id(f))
-                if fh is None:
-                    if not isinstance(f, PhxFile):
-                        raise TypeError(f"request {i}: {type(f).__name__} is not a phoenix file (phoenix.io.open)")
-                    f._enter()  # ValueError when closed
-                    files[id(f)] = f
-                r = _resolve(
-                    rt, buf, size, buf_offset, opcode == OP_READ, f.path, file_offset, what, cache, stream=explicit
-                )
                 file_offset = r.foff
                 if mode == 2 and r.mem == _buffers.MEM_DEVICE:
-                    r.release()
                     _check_mode(r, s.mode, f.path, file_offset, what)
-                try:
-                    after = fences.after(r, explicit, f.path, file_offset, what)
-                except BaseException:
-                    r.release()
-                    raise
-            except Exception as exc:  # a malformed request fails alone (one request: raised)
-                if single:
-                    raise
-                early[i] = exc
-                continue
-            d = descs[len(pend)]
-            d.file, d.addr, d.size, d.file_offset = f._h, r.addr, r.size, file_offset
-            d.op, d.mem, d.device, d.mode = opcode, r.mem, r.device, mode
-            d.after = after
-            d.priority = prio
-            d.flags = r.owned
-            bufs[i] = r.buf if r.buf is not None else _NOTHING
-            meta[i] = (f, file_offset, r.size, what)
-            pend.append(i)
-            if len(pend) == _FLUSH:
-                flush()
-        flush()
-    except BaseException:
-        for i in pend:
-            bufs[i].release()
-        raise
-    finally:
-        fences.release()
-        for f in files.values():
-            f._leave()
-    if not want_futures:
-        return handles, bufs, meta, early
+                after = fences.after(r, explicit, f.path, file_offset, what)
+                owned = r.owned
+                slot[i] = g.count + len(pend)
+                g.keep(slot[i], r.buf)  # the group lets it go once the request is done
+                r.buf = None
+            finally:
+                r.release()
+        except Exception as exc:  # a malformed request fails alone (one request: raised)
+            if single:
+                raise
+            early[i] = exc
+            continue
+        d = descs[len(pend)]
+        d.file, d.addr, d.size, d.file_offset = fh, r.addr, r.size, file_offset
+        d.op, d.mem, d.device, d.mode = opcode, r.mem, r.device, mode
+        d.after = after
+        d.priority = prio
+        d.flags = owned
+        meta[i] = (f, file_offset, r.size, what)
+        pend.append(i)
+        if len(pend) == _FLUSH:
+            flush()
+    flush()
+    if wait:
+        return _results(g, slot, meta, early)
     futures = []
     for i in range(n_all):
         if i in early:
             futures.append(IOFuture.failed(early[i], meta[i][3] if meta[i] else ""))
         else:
             f, off, size, what = meta[i]
-            futures.append(IOFuture(handles[i], engine, bufs[i], f, what, off, size))
+            futures.append(IOFuture(g, slot[i], engine, f, what, off, size))
     return futures
+
+
+def _results(g, slot, meta, early) -> list:
+    """Wait for every request of the group (one C call, no GIL); each one's count, or its
+    PhxIOError (not raised)."""
+    n = g.count
+    results = (ctypes.c_int64 * max(n, 1))()
+    g.wait_all(ctypes.addressof(results), 0, n)
+    out: list = []
+    for i in range(len(slot)):
+        if i in early:
+            out.append(early[i])
+            continue
+        res = results[slot[i]]
+        if res >= 0:
+            out.append(res)
+        else:
+            f, off, size, what = meta[i]
+            ext = g.error_extent(slot[i])
+            where = "" if ext is None or ext == (off, size) else f"; failed chunk at offset {ext[0]}, length {ext[1]}"
+            out.append(file_error(-res, f, off, size, f"{what}{where}"))
+    g.finish()
+    return out

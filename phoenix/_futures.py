@@ -1,18 +1,19 @@
 """Futures of the I/O calls: :class:`IOFuture` (pread/pwrite, batch) and :class:`StreamIO`
 (stream-ordered reads and writes).
 
-Core side, control plane: a future wraps the C core's request (``phx_req``) or stream
-op (``phx_sop``) handle. Waiting happens in C without the GIL; the future keeps the
-buffer and the engine alive until the I/O is over, and a future dropped early waits
-for it, so no I/O ever lands in freed memory.
+Core side, control plane: a future wraps the C core's request (``phx_req``, held by its
+call's ``phoenix._phxcore.Requests``) or stream op (``phx_sop``, in the C base
+``StreamOp``). Waiting happens in C without the GIL; the C objects keep the buffer and
+the engine alive until the I/O is over, and a future dropped early waits for it (in C,
+where no exception can interrupt it), so no I/O ever lands in freed memory.
 """
 
 from __future__ import annotations
 
-import ctypes
+import os
 import threading
 
-from ._abi import _lib
+from . import _phxcore as _calls
 from .checks import timeout_ns
 from .errors import file_error
 
@@ -26,9 +27,9 @@ class IOFuture:
     """
 
     __slots__ = (
-        "_req",
+        "_group",
+        "_i",
         "_engine",
-        "_buf",
         "_file",
         "_what",
         "_offset",
@@ -40,30 +41,30 @@ class IOFuture:
         "__weakref__",
     )
 
-    def __init__(self, req, engine, buf, file, what, offset, size, error=None):
-        self._req = req  # the C handle: released only by __del__, so that waits never race it
+    def __init__(self, group, i, engine, file, what, offset, size, error=None):
+        # the request is the group's (phoenix._phxcore.Requests, C): it keeps the buffer until
+        # the request is done, and waits for and releases the request when the last future
+        # of its call goes; nothing here waits in Python, so no exception can skip it
+        self._group = group
+        self._i = i
         self._engine = engine
-        self._buf = buf
         self._file = file
         self._what = what
         self._offset = offset
         self._size = size
         self._value = None
         self._error = error
-        self._done = req is None
+        self._done = group is None
         self._lock = threading.Lock()
-        if self._done and buf is not None:
-            buf.release()
-            self._buf = None
 
     @classmethod
     def failed(cls, error: BaseException, what: str = "") -> IOFuture:
-        return cls(None, None, None, None, what, 0, 0, error)
+        return cls(None, 0, None, None, what, 0, 0, error)
 
     def done(self) -> bool:
         if self._done:
             return True
-        if _lib.phx_req_done(self._req):
+        if self._group.done(self._i):
             self._collect()
             return True
         return False
@@ -72,22 +73,17 @@ class IOFuture:
         with self._lock:
             if self._done:
                 return
-            req = self._req
-            res = _lib.phx_req_result(req)
+            g, i = self._group, self._i
+            res = g.result(i)
             if res < 0:
-                off, length = ctypes.c_int64(self._offset), ctypes.c_uint64(self._size)
-                _lib.phx_req_error_extent(req, ctypes.byref(off), ctypes.byref(length))
-                where = (
-                    ""
-                    if (off.value, length.value) == (self._offset, self._size)
-                    else f"; failed chunk at offset {off.value}, length {length.value}"
-                )
+                where = ""
+                ext = g.error_extent(i)
+                if ext is not None and ext != (self._offset, self._size):
+                    where = f"; failed chunk at offset {ext[0]}, length {ext[1]}"
                 self._error = file_error(-res, self._file, self._offset, self._size, f"{self._what}{where}")
             else:
                 self._value = res
-            if self._buf is not None:
-                self._buf.release()
-                self._buf = None
+            g.collect(i)
             self._engine = None
             self._done = True
 
@@ -96,7 +92,7 @@ class IOFuture:
         if self._done:
             return True
         ns = timeout_ns(timeout, self._what)
-        if _lib.phx_req_wait(self._req, ns) != 0:
+        if self._group.wait(self._i, ns) != 0:
             return False
         self._collect()
         return True
@@ -115,73 +111,28 @@ class IOFuture:
             raise TimeoutError(f"{self._what}: not complete after {timeout} s")
         return self._error
 
-    def __del__(self):
-        req = getattr(self, "_req", None)
-        if req is None:
-            return
-        try:
-            _lib.phx_req_wait(req, -1)  # the buffer must outlive the I/O
-            _lib.phx_req_release(req)
-        except Exception:  # interpreter shutting down
-            pass
-
     def __repr__(self):
         state = "pending" if not self.done() else f"error {self._error!r}" if self._error else f"done {self._value}"
         return f"<IOFuture {self._what} {state}>"
 
 
-class StreamIO:
+class StreamIO(_calls.StreamOp):
     """A stream-ordered read or write (:meth:`PhxFile.read_async` / ``write_async``).
 
     Its result is bound late: once the stream has reached the end of the operation,
     :attr:`bytes_done` is the byte count or a negative errno (cuFile's ``bytes_read``).
+    Made in C by the call that queues the op (``phoenix._phxcore.StreamMethod``), which
+    keeps it, and its buffer, alive until the stream has run it, dropped or not.
     """
 
-    __slots__ = (
-        "_sop",
-        "_engine",
-        "_buf",
-        "_file",
-        "_what",
-        "_offset",
-        "_size",
-        "_value",
-        "_done",
-        "_lock",
-        "__weakref__",
-    )
-
-    def __init__(self, sop, engine, buf, file, what, offset, size):
-        self._sop = sop  # the C handle: released only by __del__
-        self._engine = engine
-        self._buf = buf
-        self._file = file
-        self._what = what
-        self._offset = offset
-        self._size = size
-        self._value = None
-        self._done = False
-        self._lock = threading.Lock()
+    __slots__ = ()
 
     def done(self) -> bool:
         """True once the stream has run the operation to its end."""
-        if self._done:
-            return True
-        if _lib.phx_sop_done(self._sop):
-            self._collect()
+        if self._poll():
+            _stream_ops.discard(self)
             return True
         return False
-
-    def _collect(self) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self._value = _lib.phx_sop_result(self._sop)
-            if self._buf is not None:
-                self._buf.release()
-                self._buf = None
-            self._engine = None
-            self._done = True
 
     @property
     def bytes_done(self) -> int | None:
@@ -192,10 +143,9 @@ class StreamIO:
         """Wait (without touching the stream) until the op has run; False on timeout."""
         if self._done:
             return True
-        ns = timeout_ns(timeout, self._what)
-        if _lib.phx_sop_wait(self._sop, ns) != 0:
+        if not self._wait(timeout_ns(timeout, self._what)):
             return False
-        self._collect()
+        _stream_ops.discard(self)
         return True
 
     def result(self, timeout: float | None = None) -> int:
@@ -206,30 +156,24 @@ class StreamIO:
             raise file_error(-self._value, self._file, self._offset, self._size, self._what)
         return self._value
 
-    def __del__(self):
-        sop = getattr(self, "_sop", None)
-        if sop is None:
-            return
-        try:
-            if not self._done:
-                _lib.phx_sop_wait(sop, -1)  # the buffer must outlive the op
-            _lib.phx_sop_release(sop)
-        except Exception:
-            pass
-
     def __repr__(self):
         return f"<StreamIO {self._what} bytes_done={self.bytes_done}>"
 
 
-# stream ops the caller dropped before the stream ran them: their buffers stay alive here
-_stream_lock = threading.Lock()
+# stream ops not run yet, dropped by the caller or not: each (and its buffer) stays alive
+# here until its stream has run it (the C call that queues an op adds it)
 _stream_ops: set[StreamIO] = set()
 
 
 def _prune_stream_ops(wait: bool = False) -> None:
-    with _stream_lock:
-        ops = list(_stream_ops)
-    for op in ops:
+    for op in list(_stream_ops):
         if op.wait() if wait else op.done():
-            with _stream_lock:
-                _stream_ops.discard(op)
+            _stream_ops.discard(op)
+
+
+def _after_fork_in_child() -> None:
+    # the parent's ops: their streams' threads are not here (they answer -ECHILD)
+    _stream_ops.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

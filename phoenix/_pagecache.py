@@ -62,10 +62,6 @@ def _fmap_simulate_pressure() -> None:
 def _fmap_lookup(f: PhxFile, offset: int, length: int):
     """Test hook: the mapped address of [offset, +length) of ``f`` if cached, else None."""
     addr = _P()
-    h = f._enter()
-    try:
-        with _using_engine() as e:
-            rc = _lib.phx_fmap_lookup(e.handle, h, offset, length, ctypes.byref(addr))
-    finally:
-        f._leave()
+    with f._gate as h, _using_engine() as e:
+        rc = _lib.phx_fmap_lookup(e.handle, h, offset, length, ctypes.byref(addr))
     return addr.value if rc == 0 else None

@@ -59,7 +59,7 @@ class Buffer:
     readonly: bool
     source: str  #: which protocol found it ("raw", "torch", "cuda_array_interface", ...)
     _keep: list = field(default_factory=list, repr=False)
-    _view: ctypes.Structure | None = field(default=None, repr=False)
+    _view: object | None = field(default=None, repr=False)  #: a phoenix._phxcore.Export
     #: the stream its producer orders its work on, when the object says (torch's current
     #: stream, CuPy's, a ``__cuda_array_interface__`` "stream"): the caller's stream of an
     #: I/O call that names none (:mod:`phoenix.streams`); None: not said
@@ -69,46 +69,24 @@ class Buffer:
         """Let go of the object (and its buffer export): the I/O on it is over."""
         view, self._view = self._view, None
         if view is not None:
-            _PyBuffer_Release(ctypes.byref(view))
+            view.release()
         self._keep.clear()
 
 
 # ---- the buffer protocol through the C API (works for read-only exporters too) ----------
 
 
-class _PyBuffer(ctypes.Structure):
-    _fields_ = [
-        ("buf", ctypes.c_void_p),
-        ("obj", ctypes.c_void_p),
-        ("len", ctypes.c_ssize_t),
-        ("itemsize", ctypes.c_ssize_t),
-        ("readonly", ctypes.c_int),
-        ("ndim", ctypes.c_int),
-        ("format", ctypes.c_char_p),
-        ("shape", ctypes.POINTER(ctypes.c_ssize_t)),
-        ("strides", ctypes.POINTER(ctypes.c_ssize_t)),
-        ("suboffsets", ctypes.POINTER(ctypes.c_ssize_t)),
-        ("internal", ctypes.c_void_p),
-    ]
-
-
-_PyObject_GetBuffer = ctypes.pythonapi.PyObject_GetBuffer
-_PyObject_GetBuffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
-_PyObject_GetBuffer.restype = ctypes.c_int
-_PyBuffer_Release = ctypes.pythonapi.PyBuffer_Release
-_PyBuffer_Release.argtypes = [ctypes.POINTER(_PyBuffer)]
-_PyBuffer_Release.restype = None
-_PyBUF_WRITABLE = 0x0001  # PyBUF_SIMPLE (0) asks for a C-contiguous buffer
-
-
 def _from_buffer_protocol(obj, writable: bool) -> Buffer:
-    view = _PyBuffer()
+    # the export is a C object (phoenix._phxcore.Export): released in C, by release() or when
+    # it is collected, so no exception can leave the exporter locked (a bytearray unresizable)
+    from . import _phxcore
+
     try:
-        _PyObject_GetBuffer(obj, ctypes.byref(view), _PyBUF_WRITABLE if writable else 0)
+        view = _phxcore.Export(obj, writable)
     except BufferError as exc:
         what = "writable and C-contiguous" if writable else "C-contiguous"
         raise TypeError(f"{type(obj).__name__}: the buffer must be {what} to be read into: {exc}") from None
-    return Buffer(view.buf or 0, view.len, "host", None, bool(view.readonly), "buffer", [obj], view)
+    return Buffer(view.addr, view.nbytes, "host", None, view.readonly, "buffer", [obj], view)
 
 
 # ---- array interfaces ---------------------------------------------------------------------

@@ -209,15 +209,17 @@ def _c_open(table_addr: int, table_size: int, _unused: int = 0) -> int:
         s = ps.get()
         lib = pio._lib
         cfg = pio.make_config(s, rt)  # the vendor's registration flags; CPU copies for a test double
-        handle = ctypes.c_void_p()
-        rc = lib.phx_ctx_create(ctypes.byref(cfg), ctypes.byref(dp), ctypes.byref(handle))
-        if rc < 0:
-            return rc
+        # the context, owned by a C gate until it is handed to the library (the last step
+        # below): an exception before that (a signal handler's) leaves no context behind
+        from . import _phxcore
+
+        gate = _phxcore.ctx_open(ctypes.addressof(cfg), ctypes.addressof(dp), "libphxfile's context")
+        if isinstance(gate, int):
+            return gate
         # pin the bounce pool now, at DriverOpen, not at the first stream-ordered call:
         # CUDA may serialize page-locking behind the caller's busy streams
-        pinned = lib.phx_ctx_prepare(handle)
+        pinned = lib.phx_ctx_prepare(gate.value)
         if pinned < 0:
-            lib.phx_ctx_destroy(handle)
             return int(pinned)
     except Exception as exc:  # logged with its traceback: LMCache only sees the errno
         _log.exception("libphxfile: cannot open the driver: %s", exc)
@@ -229,7 +231,6 @@ def _c_open(table_addr: int, table_size: int, _unused: int = 0) -> int:
     with _lock:
         _runtime = rt
     t.mode = pio.MODE[s.mode]
-    t.ctx = handle.value
     t.file_from_fd = addr(lib.phx_file_from_fd)
     t.file_close = addr(lib.phx_file_close)
     t.stream_io = addr(lib.phx_stream_io)
@@ -237,6 +238,7 @@ def _c_open(table_addr: int, table_size: int, _unused: int = 0) -> int:
     t.reg_remove = addr(lib.phx_reg_remove)
     t.reg_lookup = addr(lib.phx_reg_lookup)
     t.ctx_destroy = addr(lib.phx_ctx_destroy)
+    gate.detach_into(table_addr + _CoreTable.ctx.offset)  # the library's from here (DriverClose)
     return 0
 
 

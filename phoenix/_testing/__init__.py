@@ -85,10 +85,7 @@ def _inject_fn():
 
 def inject_fault(f: PhxFile, offset: int, length: int, err: int) -> None:
     """Chunks of ``f`` overlapping ``[offset, offset+length)`` fail with errno ``err`` (0 clears)."""
-    h = f._enter()  # the file's C handle, held open for the call
-    try:
+    with f._gate as h:  # the file's C handle, held open for the call
         rc = _inject_fn()(h, offset, length, err)
-    finally:
-        f._leave()
     if rc < 0:
         raise OSError(-rc, f"phx_file_inject_fault: {os.strerror(-rc)}")
