@@ -14,6 +14,7 @@ import errno as _errno
 import os
 import threading
 
+from . import _phxcore as _calls
 from . import buffers as _buffers
 from . import checks as _checks
 from . import streams as _streams
@@ -253,14 +254,17 @@ def register(buf) -> int:
     except _buffers.OutOfBounds as exc:
         b.release()
         raise RegistrationError(f"cannot register [{b.addr:#x}, +{b.nbytes}): {exc}") from None
+    if mem == _buffers.MEM_HOST and _lib.phx_mem_probe(b.addr, b.nbytes) == -_errno.EFAULT:
+        b.release()
+        raise RegistrationError(f"cannot register [{b.addr:#x}, +{b.nbytes}): not accessible memory (freed?)")
     with _reg_lock:
-        # kept first: an exception anywhere below (a signal handler's) may leave the buffer
-        # kept without a C entry, never a C entry for memory nothing keeps alive
-        kept = _registered.setdefault(b.addr, [])
-        kept.append(b)
-        rc = _lib.phx_reg_add(b.addr, b.nbytes, mem, device)
+        # the core's entry and the buffer kept for it are made in one C call: no exception
+        # (a signal handler's) can leave one without the other
+        rc = _calls.reg_keep(_registered.setdefault(b.addr, []), b, b.addr, b.nbytes, mem, device)
         if rc < 0:
-            _unkeep(b)
+            if not _registered[b.addr]:
+                del _registered[b.addr]
+            b.release()
             info = _RegInfo()
             other = ""
             for probe in (b.addr, b.addr + b.nbytes - 1):
@@ -268,22 +272,7 @@ def register(buf) -> int:
                     other = f" (overlaps [{info.base:#x}, +{info.size}))"
                     break
             raise RegistrationError(f"cannot register [{b.addr:#x}, +{b.nbytes}): {_strerror(rc)}{other}")
-        if mem == _buffers.MEM_HOST and _lib.phx_mem_probe(b.addr, b.nbytes) == -_errno.EFAULT:
-            _lib.phx_reg_remove(b.addr)
-            _unkeep(b)
-            raise RegistrationError(f"cannot register [{b.addr:#x}, +{b.nbytes}): not accessible memory (freed?)")
     return b.addr
-
-
-def _unkeep(b) -> None:
-    kept = _registered.get(b.addr, [])
-    for j, x in enumerate(kept):
-        if x is b:
-            del kept[j]
-            break
-    if not kept:
-        _registered.pop(b.addr, None)
-    b.release()
 
 
 def _after_fork_in_child() -> None:
@@ -302,8 +291,7 @@ def deregister(buf) -> None:
             kept = _registered.get(b.addr)
             if not kept:  # (not one of this module's: libphxfile's are removed there)
                 raise RegistrationError(f"[{b.addr:#x}, +{b.nbytes}) is not registered with phoenix.register")
-            rc = _lib.phx_reg_remove(b.addr)
-            kept.pop().release()  # (also when the core's entry went another way: not kept pinned)
+            rc = _calls.reg_unkeep(kept, b.addr)  # (also when the core's entry went another way: not kept pinned)
             if not kept:
                 del _registered[b.addr]
             if rc < 0:

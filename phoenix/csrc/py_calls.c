@@ -27,6 +27,7 @@
  *             caller: no bytecode of phoenix's runs between the op being queued and the
  *             caller holding it.
  *   Export    a buffer-protocol export (Py_buffer) released in C (release() or dealloc).
+ *   reg_keep / reg_unkeep  a registration and the buffer kept alive for it, in one step.
  *
  * After fork() the parent's gates are reset in the child on first use (the threads that
  * held them do not exist there), and a parent's requests are never waited for in the child.
@@ -1324,6 +1325,47 @@ static PyTypeObject StreamMethodType = {
     .tp_getset = smethod_getset,
 };
 
+/* ---- registrations: the core's entry and what keeps its memory alive, in one step ------ */
+
+/* reg_keep(kept, buf, addr, nbytes, mem, device) -> phx_reg_add's rc; on success buf is
+ * appended to the list kept (phoenix.register's: one per reference) */
+static PyObject *calls_reg_keep(PyObject *mod, PyObject *args)
+{
+    PyObject *kept, *buf;
+    unsigned long long addr, nbytes;
+    int mem, device;
+    if (!PyArg_ParseTuple(args, "O!OKKii", &PyList_Type, &kept, &buf, &addr, &nbytes, &mem, &device))
+        return NULL;
+    int rc = phx_reg_add(addr, nbytes, mem, device);
+    if (rc >= 0 && PyList_Append(kept, buf) < 0) {
+        phx_reg_remove(addr);
+        return NULL;
+    }
+    return PyLong_FromLong(rc);
+}
+
+/* reg_unkeep(kept, addr) -> phx_reg_remove's rc; one kept buffer let go (also when the core
+ * had no entry: nothing is kept pinned for it) */
+static PyObject *calls_reg_unkeep(PyObject *mod, PyObject *args)
+{
+    PyObject *kept;
+    unsigned long long addr;
+    if (!PyArg_ParseTuple(args, "O!K", &PyList_Type, &kept, &addr))
+        return NULL;
+    int rc = phx_reg_remove(addr);
+    Py_ssize_t n = PyList_GET_SIZE(kept);
+    if (n > 0) {
+        PyObject *last = PyList_GET_ITEM(kept, n - 1);
+        Py_INCREF(last);
+        if (PyList_SetSlice(kept, n - 1, n, NULL) < 0) {
+            Py_DECREF(last);
+            return NULL;
+        }
+        drop_kept(last);
+    }
+    return PyLong_FromLong(rc);
+}
+
 /* ---- module ----------------------------------------------------------------------------- */
 
 static PyMethodDef calls_functions[] = {
@@ -1331,6 +1373,10 @@ static PyMethodDef calls_functions[] = {
     {"file_open", (PyCFunction)calls_file_open, METH_VARARGS,
      "file_open(path, flags, perm, direct, what) -> Gate or -errno"},
     {"file_from_fd", (PyCFunction)calls_file_from_fd, METH_VARARGS, "file_from_fd(fd, direct, what) -> Gate or -errno"},
+    {"reg_keep", (PyCFunction)calls_reg_keep, METH_VARARGS,
+     "reg_keep(kept, buf, addr, nbytes, mem, device) -> rc: register and keep buf, in one step"},
+    {"reg_unkeep", (PyCFunction)calls_reg_unkeep, METH_VARARGS,
+     "reg_unkeep(kept, addr) -> rc: drop one reference and let one kept buffer go, in one step"},
     {"guarded", (PyCFunction)(void (*)(void))calls_guarded, METH_VARARGS | METH_KEYWORDS,
      "guarded(fn, *args, **kw): fn(requests, *args, **kw); on an exception every request of the group "
      "is waited for and its buffers released before it propagates."},
