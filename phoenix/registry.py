@@ -250,10 +250,23 @@ def _select(requested: str, by: str, vendors: dict[str, VendorEntry] | None) -> 
     )
 
 
-_lock = threading.Lock()
+# The registry's state is replaced whole, never changed in place, and the lock is reentrant:
+# a signal handler that does phoenix I/O runs in the main thread between two bytecodes of
+# whatever it interrupted, resolve() included, and must neither deadlock on the lock nor see
+# a half-made change (see phoenix.settings).
+_lock = threading.RLock()
 _current: tuple[str, VendorRuntime, Selection] | None = None  # (requested, runtime, selection)
-_adopted: VendorRuntime | None = None  # use_runtime()'s: served for its name, never closed here
-_adopted_layer = None  # the settings override use_runtime() holds
+#: use_runtime()'s (runtime, the settings override it holds): served for its name, never closed here
+_adopted: tuple[VendorRuntime, _settings.Override] | None = None
+
+
+def _reinit_after_fork() -> None:
+    # a thread of the parent may have held the lock at fork(): in the child it never lets go
+    global _lock
+    _lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_reinit_after_fork)
 
 
 def get_runtime(name: str | None = None) -> VendorRuntime:
@@ -268,27 +281,42 @@ def get_runtime(name: str | None = None) -> VendorRuntime:
     return resolve(name or _settings.effective("vendor"), "caller" if name else None)
 
 
+def _served(vendor: str) -> VendorRuntime | None:
+    adopted, current = _adopted, _current
+    if adopted is not None and adopted[0].name == vendor:
+        return adopted[0]
+    if current is not None and current[0] == vendor:
+        return current[1]
+    return None
+
+
 def resolve(vendor: str, by: str | None = None) -> VendorRuntime:
     """The runtime for a value of the ``vendor`` setting (what the I/O stack calls with
     the settings it submits with); ``by`` says who asked, for the selection's reason."""
     global _current
-    with _lock:
-        adopted = _adopted
-        if adopted is not None and adopted.name == vendor:
-            return adopted
-        if _current is not None and _current[0] == vendor:
-            return _current[1]
-        sel = _select(vendor, by or _setting_source(), None)
-        rt = sel.runtime_cls()
-        if _current is not None:
-            _current[1].close()
-        _current = (vendor, rt, sel)
+    rt = _served(vendor)
+    if rt is not None:
         return rt
+    with _lock:
+        rt = _served(vendor)
+        if rt is not None:
+            return rt
+        sel = _select(vendor, by or _setting_source(), None)
+        made = sel.runtime_cls()
+        rt = _served(vendor)
+        if rt is not None:  # a signal handler resolved it while this call made its own
+            made.close()
+            return rt
+        old, _current = _current, (vendor, made, sel)
+        if old is not None:
+            old[1].close()
+        return made
 
 
 def current_selection() -> Selection | None:
     """The Selection behind :func:`get_runtime`'s runtime, if one was made."""
-    return _current[2] if _current else None
+    current = _current
+    return current[2] if current else None
 
 
 def use_vendor(name: str) -> VendorRuntime:
@@ -308,22 +336,21 @@ def use_runtime(runtime: VendorRuntime | None) -> None:
     call, and :func:`resolve` serves this instance for that name. The registry never
     closes it: the caller owns it.
     """
-    global _adopted, _adopted_layer
+    global _adopted
     with _lock:
-        layer, _adopted_layer = _adopted_layer, None
-        _adopted = runtime
-        if layer is not None:
-            layer.__exit__(None, None, None)
+        layer = None
         if runtime is not None:
             layer = _settings.override(vendor=runtime.name)
-            layer.__enter__()
-            _adopted_layer = layer
+            layer.__enter__()  # a block until the next call: set() does not take it back
+        old, _adopted = _adopted, (runtime, layer) if runtime is not None else None
+        if old is not None:
+            old[1].__exit__(None, None, None)
 
 
 def reset() -> None:
     """Close and forget the current runtime (tests, and switching vendors)."""
     global _current
     with _lock:
-        if _current is not None:
-            _current[1].close()
-        _current = None
+        old, _current = _current, None
+        if old is not None:
+            old[1].close()

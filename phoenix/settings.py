@@ -113,22 +113,35 @@ Use::
     ps.set(mode="staged")               # process-wide, until changed again
     with ps.override(vendor="host"):    # the vendor, like any other setting
         ...
+    ps.override(vendor="host")          # without `with`: from now on (see below)
 
 Overrides are process-wide (like KvikIO's ``kvikio.defaults.set``), nest, and are undone
-at the end of the ``with`` block. Requests already submitted keep the settings they were
-submitted with; a change of vendor, threads, queue depth, chunk size, pool size, engine
-or an ``fmap_*`` setting starts a new worker pool (with an empty file-mapping cache) for
-the requests that follow (the old one finishes its work and exits).
+at the end of the ``with`` block (blocks may end in any order, in any thread). Like
+``kvikio.defaults.set``, ``override()`` checks its arguments and applies them at the call
+(a bad name or value raises there, ``with`` or not); the ``with`` block is what takes them
+back. Called without ``with``, its values stay until a later ``set()`` of the same
+setting, :func:`reset`, or ``restore()`` on what it returned; a ``with`` block entered
+later is above it while it lasts. Precedence: defaults < environment < ``set()`` <
+``override()`` calls, the latest on top.
+
+Requests already submitted keep the settings they were submitted with; a change of
+vendor, threads, queue depth, chunk size, pool size, engine or an ``fmap_*`` setting
+starts a new worker pool (with an empty file-mapping cache) for the requests that follow
+(the old one finishes its work and exits).
+
+A signal handler may read and change the settings (a checkpoint from SIGTERM), even
+where it interrupts phoenix in the middle of a change; a child of ``os.fork()`` may too,
+whichever thread of the parent was changing them.
 """
 
 from __future__ import annotations
 
 import builtins
-import contextlib
 import dataclasses
 import os
 import threading
-from collections.abc import Iterator
+import weakref
+from typing import NamedTuple
 
 from .checks import I64_MAX
 from .vendor import SizeTooLarge, parse_size
@@ -306,10 +319,90 @@ def _physical_memory() -> int:
     return n if n > 0 else I64_MAX  # (-1: indeterminate)
 
 
-_lock = threading.Lock()
-_overrides: list[dict] = []  # stack: set() writes the bottom, override() pushes
-_base: dict = {}  # set() values
+# ---- the state: published whole, so that a signal handler may read and change it ----------
+#
+# Python runs a signal handler in the main thread between two bytecodes of whatever it was
+# doing, phoenix's own code included: a handler that checkpoints through phoenix may land in
+# the middle of a change here. So the state is one immutable value, read with one load (no
+# lock for readers), and replaced with one assignment by writers that compute the new value
+# first. Writers hold a reentrant lock (one thread at a time; the handler, in the thread it
+# interrupted, gets it again) and publish only over the state they computed from: where a
+# handler published in between, they compute again on top of its change.
+
+
+class _Layer(NamedTuple):
+    """One override()'s values in the stack; it belongs to the Override ``owner`` refers to."""
+
+    owner: weakref.ref
+    values: dict
+    entered: bool  #: in force as a ``with`` block (False: applied by the call alone)
+
+    def in_force(self) -> bool:
+        # an entered block whose object is gone without an exit (a leaked __enter__()) is over,
+        # as a generator-based context manager's block ended when it was collected
+        return not self.entered or self.owner() is not None
+
+
+class _State(NamedTuple):
+    base: dict  #: set()'s values
+    layers: tuple  #: override()s, oldest first
+
+
+_state = _State({}, ())
+_lock = threading.RLock()
 _env_cache: tuple[tuple, dict] | None = None
+
+
+def _reinit_after_fork() -> None:
+    # a thread of the parent may have held the lock at fork(): in the child it never lets go
+    global _lock
+    _lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_reinit_after_fork)
+
+
+def _publish(change) -> _State:
+    """Replace the state with ``change(state)`` (which must not mutate its argument)."""
+    global _state
+    with _lock:
+        while True:
+            old = _state
+            new = change(old)
+            if _state is old:  # else a signal handler changed it meanwhile: redo over its change
+                _state = new
+                return new
+
+
+def _plain(layer: _Layer) -> bool:
+    """An override applied by its call alone whose object is gone: it can never be entered or
+    restored, so it is process-wide like set()."""
+    return not layer.entered and layer.owner() is None
+
+
+def _compact(layers: tuple) -> tuple:
+    """Drop ended blocks, and what a later plain override() call shadows for good in an earlier
+    one (a loop of plain calls keeps one layer per setting, not one per call)."""
+    out, later = [], builtins.set()
+    for layer in reversed(layers):
+        if not layer.in_force():
+            continue
+        if _plain(layer):
+            values = {k: v for k, v in layer.values.items() if k not in later}
+            later |= values.keys()
+            if not values:
+                continue
+            layer = layer._replace(values=values)
+        out.append(layer)
+    return tuple(reversed(out))
+
+
+def _merged(state: _State) -> dict:
+    values = dict(state.base)
+    for layer in state.layers:
+        if layer.in_force():
+            values.update(layer.values)
+    return values
 
 
 def _from_env() -> dict:
@@ -327,13 +420,10 @@ def _from_env() -> dict:
 
 
 def get() -> Settings:
-    """The effective settings now: defaults < environment < set() < override() blocks."""
+    """The effective settings now: defaults < environment < set() < override()s."""
     values = dict(DEFAULTS)
     values.update(_from_env())
-    with _lock:
-        values.update(_base)
-        for layer in _overrides:
-            values.update(layer)
+    values.update(_merged(_state))
     return Settings(**values)
 
 
@@ -342,12 +432,9 @@ def effective(name: str):
     environment does not stop, say, the registry from resolving ``vendor``)."""
     if name not in DEFAULTS:
         raise TypeError(f"unknown setting {name!r}; known: {', '.join(DEFAULTS)}")
-    with _lock:
-        for layer in reversed(_overrides):
-            if name in layer:
-                return layer[name]
-        if name in _base:
-            return _base[name]
+    values = _merged(_state)
+    if name in values:
+        return values[name]
     text = os.environ.get(ENV[name])
     if text is not None and text.strip() != "":
         return _check(name, text, f"environment {ENV[name]}")
@@ -356,11 +443,11 @@ def effective(name: str):
 
 def source_of(name: str) -> str:
     """Where a setting's effective value comes from: override, set(), environment or default."""
-    with _lock:
-        if any(name in layer for layer in _overrides):
-            return "override"
-        if name in _base:
-            return "set()"
+    state = _state
+    if any(name in layer.values for layer in state.layers if layer.in_force()):
+        return "override"
+    if name in state.base:
+        return "set()"
     text = os.environ.get(ENV[name])
     return "environment" if text is not None and text.strip() != "" else "default"
 
@@ -372,34 +459,71 @@ def _validate(kwargs: dict, source: str) -> dict:
     return {k: _check(k, v, source) for k, v in kwargs.items()}
 
 
+def _without(layers: tuple, names) -> tuple:
+    """The layers with ``names`` gone from those not in force as a ``with`` block."""
+    out = []
+    for layer in layers:
+        if not layer.entered:
+            layer = layer._replace(values={k: v for k, v in layer.values.items() if k not in names})
+        out.append(layer)
+    return _compact(tuple(out))
+
+
 def set(**kwargs) -> None:  # noqa: A001 (KvikIO's name)
-    """Set values process-wide (above the environment, below active overrides)."""
+    """Set values process-wide: above the environment, below ``with override(...)`` blocks in
+    progress; it replaces what an earlier override() call without ``with`` gave them."""
     values = _validate(kwargs, "phoenix.settings.set")
-    with _lock:
-        _base.update(values)
+    _publish(lambda st: _State({**st.base, **values}, _without(st.layers, values)))
 
 
 def reset() -> None:
-    """Forget set() values (overrides in progress stay until their block ends)."""
-    with _lock:
-        _base.clear()
+    """Forget set() values and those of override() calls made without ``with``
+    (``with`` blocks in progress keep theirs until they end)."""
+    _publish(lambda st: _State({}, _compact(tuple(layer for layer in st.layers if layer.entered))))
 
 
-@contextlib.contextmanager
-def override(**kwargs) -> Iterator[Settings]:
-    """``with override(threads=8, chunk_size="16M"): ...`` -- values for the block, then back."""
-    layer = _validate(kwargs, "phoenix.settings.override")
-    with _lock:
-        _overrides.append(layer)
-    try:
-        yield get()
-    finally:
-        with _lock:
-            # remove this block's layer (blocks may end out of order across threads)
-            for i in range(len(_overrides) - 1, -1, -1):
-                if _overrides[i] is layer:
-                    del _overrides[i]
-                    break
+class Override:
+    """What :func:`override` returns: its values are in force from the call on; as a context
+    manager, until the ``with`` block ends (its ``as`` target: the settings then)."""
+
+    def __init__(self, values: dict):
+        self._values = values
+        self._ref = weakref.ref(self)
+        layer = _Layer(self._ref, values, False)
+        _publish(lambda st: _State(st.base, _compact(st.layers) + (layer,)))
+
+    def _mine(self, layer: _Layer) -> bool:
+        return layer.owner is self._ref
+
+    def __enter__(self) -> Settings:
+        def change(st: _State) -> _State:
+            if any(self._mine(layer) and layer.entered for layer in st.layers):
+                raise RuntimeError("this override is in force in a with block already: make another override()")
+            # on top, whole: a set() since the call may have taken some of its values
+            others = tuple(layer for layer in st.layers if not self._mine(layer))
+            return _State(st.base, _compact(others) + (_Layer(self._ref, self._values, True),))
+
+        _publish(change)
+        return get()
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
+
+    def restore(self) -> None:
+        """Take these values back (what the end of a ``with`` block does): for an override()
+        called without ``with``. Restoring twice, or one a set() replaced, does nothing."""
+        _publish(lambda st: _State(st.base, tuple(layer for layer in st.layers if not self._mine(layer))))
+
+    def __repr__(self) -> str:
+        return f"phoenix.settings.override({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
+
+
+def override(**kwargs) -> Override:
+    """``with override(threads=8, chunk_size="16M"): ...`` -- values for the block, then back.
+
+    Checks its arguments and applies them at the call (a bad name or value raises here);
+    called without ``with``, they stay (see the module's notes)."""
+    return Override(_validate(kwargs, "phoenix.settings.override"))
 
 
 def describe() -> list[dict]:

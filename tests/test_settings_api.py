@@ -12,11 +12,13 @@ import pkgutil
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
 
 import phoenix.settings as ps
+from phoenix import registry
 
 PACKAGE = Path(ps.__file__).resolve().parent
 #: the README's and the docstrings' names: the derived list must hold them
@@ -34,6 +36,15 @@ def run_python(code: str, timeout: float = 60, env: dict | None = None) -> subpr
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+@pytest.fixture(autouse=True)
+def clean_settings():
+    ps.reset()
+    yield
+    ps.reset()
+    state = getattr(ps, "_state", None)
+    assert state is None or all(layer.entered for layer in state.layers), "a test left an override() in force"
 
 
 # ---- submodules after `import phoenix` ------------------------------------------------------
@@ -110,3 +121,126 @@ def test_where_the_core_cannot_load_the_rest_still_works():
         sys.exit(main(["info"]) not in (0, 1))
     """)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+# ---- override() -------------------------------------------------------------------------------
+
+
+def test_override_without_with_applies_at_the_call():
+    default = ps.get().threads
+    ov = ps.override(threads=7)  # as the README writes it
+    assert ps.get().threads == 7 and ps.source_of("threads") == "override"
+    ov.restore()
+    assert ps.get().threads == default
+    ps.override(threads=6)  # the object dropped: in force until set(), reset()
+    assert ps.get().threads == 6
+    ps.set(threads=3)  # the later call wins
+    assert ps.get().threads == 3 and ps.source_of("threads") == "set()"
+    ps.override(vendor="host", chunk_size="16M")
+    ps.reset()
+    assert ps.get().threads == default and ps.get().chunk_size == ps.DEFAULTS["chunk_size"]
+    assert ps.source_of("vendor") != "override"
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,words",
+    [
+        ({"nosuch": 1}, TypeError, "unknown setting(s) nosuch"),
+        ({"threads": -1}, ValueError, "threads=-1 must be between 1 and 1024"),
+        ({"chunk_size": "12K+"}, ValueError, "chunk_size='12K+' is not an integer"),
+        ({"mode": "fast"}, ValueError, "auto, staged, direct"),
+        ({"vendor": ""}, ValueError, "not a vendor name"),
+    ],
+)
+def test_override_checks_its_arguments_at_the_call(kwargs, error, words):
+    before = ps._state
+    with pytest.raises(error) as exc:
+        ps.override(**kwargs)  # no with: it raised before too, only at __enter__
+    assert words in str(exc.value) and "phoenix.settings.override" in str(exc.value) or error is TypeError
+    assert ps._state == before
+
+
+def test_with_blocks_nest_and_take_their_values_back():
+    ps.set(threads=5)
+    with ps.override(threads=9, chunk_size="16M") as inner:
+        assert inner.threads == 9
+        with ps.override(threads=2):
+            assert ps.get().threads == 2
+            ps.set(threads=4)  # below the blocks in progress
+            assert ps.get().threads == 2
+        assert ps.get().threads == 9
+    assert ps.get().threads == 4 and ps.get().chunk_size == ps.DEFAULTS["chunk_size"]
+
+
+def test_a_block_entered_above_a_plain_call_is_undone_to_it():
+    ps.override(threads=8)
+    with ps.override(threads=4):
+        assert ps.get().threads == 4
+    assert ps.get().threads == 8
+    with ps.override(threads=4):
+        ps.override(threads=2)  # a plain call inside a block: it stays after
+    assert ps.get().threads == 2
+
+
+def test_blocks_end_out_of_order_across_threads():
+    entered = [threading.Event(), threading.Event()]
+    leave = [threading.Event(), threading.Event()]
+    seen = {}
+
+    def block(i, threads):
+        with ps.override(threads=threads):
+            entered[i].set()
+            leave[i].wait(10)
+            seen[i] = ps.get().threads
+
+    a = threading.Thread(target=block, args=(0, 11))
+    a.start()
+    entered[0].wait(10)
+    b = threading.Thread(target=block, args=(1, 12))
+    b.start()
+    entered[1].wait(10)
+    assert ps.get().threads == 12
+    leave[0].set()  # the first block ends first: the second's value holds
+    a.join(10)
+    assert ps.get().threads == 12 and seen[0] == 12
+    leave[1].set()
+    b.join(10)
+    assert ps.get().threads == ps.DEFAULTS["threads"] and ps.source_of("threads") == "default"
+
+
+def test_enter_and_exit_by_hand_as_the_callers_do():
+    """use_runtime() and the tests' helpers call __enter__/__exit__ themselves."""
+    ctx = ps.override(threads=3, mode="staged")
+    s = ctx.__enter__()
+    assert (s.threads, s.mode) == (3, "staged")
+    ps.set(threads=6)  # a block in progress keeps its values
+    assert ps.get().threads == 3
+    ctx.__exit__(None, None, None)
+    ctx.__exit__(None, None, None)  # twice: nothing more
+    assert ps.get().threads == 6
+    with ctx:  # again, after its block ended
+        assert ps.get().threads == 3
+        with pytest.raises(RuntimeError, match="in force in a with block already"):
+            ctx.__enter__()
+    assert ps.get().threads == 6
+    leaked = ps.override(threads=2)
+    leaked.__enter__()
+    del leaked  # a block whose object is gone without an exit is over (as a generator's was)
+    assert ps.get().threads == 6
+
+
+def test_use_runtime_holds_its_vendor_until_the_next_call():
+    rt = registry.get_runtime("host")
+    registry.use_runtime(rt)
+    try:
+        ps.set(vendor="nosuch")  # the adopted runtime's block stays above set()
+        assert ps.get().vendor == "host" and registry.resolve("host") is rt
+    finally:
+        registry.use_runtime(None)
+    assert ps.get().vendor == "nosuch"
+
+
+def test_plain_calls_in_a_loop_keep_one_layer_per_setting():
+    for n in range(1, 200):
+        ps.override(threads=n, chunk_size=4096 * n)
+    assert ps.get().threads == 199 and len(ps._state.layers) <= 2

@@ -1,0 +1,151 @@
+"""Settings and the registry under a signal handler and after fork(); a vendor import that
+a handler's exit interrupts; an explicitly named vendor that cannot serve.
+
+Test side. Python runs a signal handler in the main thread between two bytecodes of what it
+interrupted, phoenix's own locked sections included; each body runs in a child interpreter
+with a timeout, so that a deadlock fails its test instead of hanging the run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+BOUND_S = 30  # a deadlock runs into it; the bodies take a few seconds
+
+
+def run_python(code: str, env: dict | None = None, timeout: float = BOUND_S) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "PHX_VENDOR": "host", **(env or {})},
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"no end within {timeout} s (a deadlock): {exc.stdout!r} {exc.stderr!r}")
+
+
+def make_vendor(root: Path, name: str, body: str) -> Path:
+    (root / name).mkdir(parents=True)
+    (root / name / "runtime.py").write_text(textwrap.dedent(body))
+    return root
+
+
+# ---- a handler that re-enters settings and the registry -------------------------------------
+
+
+def test_a_signal_handler_may_use_settings_and_the_registry_mid_change():
+    """SIGALRM 200 us after the last one's handler ended; the handler reads, overrides, sets
+    and resolves while the main thread does the same: no deadlock, each sees its own block's
+    values, and neither loses the other's set()."""
+    p = run_python("""
+        import signal, time
+        import phoenix.settings as ps
+        from phoenix import registry
+
+        calls = [0]
+
+        def handler(signum, frame):
+            calls[0] += 1
+            assert ps.get().vendor == "host"
+            with ps.override(threads=3):
+                assert ps.get().threads == 3, ps.get().threads
+                assert registry.resolve("host").name == "host"
+                assert ps.effective("threads") == 3 and ps.source_of("threads") == "override"
+            ps.set(fmap_idle=calls[0])  # a change of its own that must survive the main thread's
+            registry.current_selection()
+            if not stop:
+                signal.setitimer(signal.ITIMER_REAL, 0.0002)  # one at a time: handlers never nest
+
+        stop = False
+        signal.signal(signal.SIGALRM, handler)
+        signal.setitimer(signal.ITIMER_REAL, 0.0002)
+        end, loops = time.monotonic() + 3, 0
+        while time.monotonic() < end:
+            loops += 1
+            with ps.override(threads=5, chunk_size="1M"):
+                assert ps.get().threads == 5, ps.get().threads
+                assert registry.resolve("host").name == "host"
+            ps.set(chunk_size=4096 * (1 + loops % 64))
+            if loops % 50 == 0:
+                registry.reset()  # the next resolve makes a runtime (under the lock) again
+                ps.override(queue_depth=1 + loops % 64)  # a plain call: stays
+        stop = True
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        s = ps.get()
+        assert calls[0] > 100, calls
+        assert s.fmap_idle == calls[0], (s.fmap_idle, calls)  # the handler's last set() is there
+        assert s.chunk_size == 4096 * (1 + loops % 64) and s.threads == ps.DEFAULTS["threads"], s
+        assert all(not layer.entered for layer in ps._state.layers), ps._state
+        print(calls[0], loops)
+    """)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_a_fork_child_is_not_stuck_on_a_lock_another_thread_held():
+    """Children forked while a thread held the settings' and the registry's locks (and while
+    two others changed both) read and change settings and resolve vendors, and exit 0."""
+    p = run_python("""
+        import os, signal, threading, time, traceback
+        import phoenix.settings as ps
+        from phoenix import registry
+
+        stop = threading.Event()
+
+        def hammer():
+            while not stop.is_set():
+                with ps.override(threads=7):
+                    registry.resolve("host")
+                ps.set(threads=6)
+                ps.reset()
+
+        held, release = threading.Event(), threading.Event()
+
+        def holder():
+            with ps._lock, registry._lock:
+                held.set()
+                release.wait()
+
+        workers = [threading.Thread(target=hammer) for _ in range(2)]
+        for t in workers:
+            t.start()
+        t = threading.Thread(target=holder)
+        t.start()
+        held.wait()
+        failed = []
+        for i in range(20):
+            pid = os.fork()
+            if pid == 0:
+                signal.alarm(10)  # stuck: SIGALRM ends the child
+                try:
+                    ps.get()
+                    with ps.override(threads=2):
+                        assert ps.get().threads == 2
+                    ps.set(chunk_size="1M")
+                    assert registry.resolve("host").name == "host"
+                    try:
+                        registry.resolve("nosuch")  # the lock, and a full discovery
+                    except LookupError:
+                        pass
+                    registry.use_runtime(None)
+                    os._exit(0)
+                except BaseException:
+                    traceback.print_exc()
+                    os._exit(1)
+            _, status = os.waitpid(pid, 0)
+            if os.waitstatus_to_exitcode(status) != 0:
+                failed.append(os.waitstatus_to_exitcode(status))
+        release.set()
+        stop.set()
+        for w in workers + [t]:
+            w.join()
+        assert not failed, failed
+    """)
+    assert p.returncode == 0, p.stdout + p.stderr
