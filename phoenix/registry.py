@@ -55,17 +55,27 @@ class VendorEntry:
     _loaded: bool = field(repr=False, default=False)
 
     def load(self) -> type[VendorRuntime] | None:
-        """Import the vendor's runtime module once; None (and :attr:`error`) on failure."""
+        """Import the vendor's runtime module once; None (and :attr:`error`) on failure.
+
+        A vendor module that raises, or calls sys.exit(), at import is a broken vendor; an
+        exit or interrupt that is not the vendor's (a signal handler that calls sys.exit()
+        while the import runs) propagates, and the next load imports again."""
         if not self._loaded:
-            self._loaded = True
+            cls, error = None, None
             try:
                 obj = self._loader()
                 cls = getattr(obj, "Runtime", obj)
                 if not (isinstance(cls, type) and issubclass(cls, VendorRuntime)):
                     raise TypeError(f"{self.location} has no Runtime class derived from phoenix.vendor.VendorRuntime")
-                self._cls = cls
-            except (Exception, SystemExit) as exc:  # a broken vendor must not stop the others (nor exit)
-                self._error = import_failure(exc)
+            except Exception as exc:  # a broken vendor must not stop the others
+                cls, error = None, import_failure(exc)
+            except SystemExit as exc:
+                if not vendors_own_exit(exc):
+                    raise
+                cls, error = None, import_failure(exc)  # nor end the process
+            # published together, after the import: a signal handler that loads this entry
+            # while it imports finds it not loaded yet
+            self._cls, self._error, self._loaded = cls, error, True
         return self._cls
 
     @property
@@ -98,6 +108,50 @@ def import_failure(exc: BaseException) -> str:
     return f"import failed: {what}" + (f" ({where[0]}:{where[1]})" if where else "")
 
 
+def vendors_own_exit(exc: SystemExit) -> bool:
+    """Whether a SystemExit raised while a vendor's module imported is the vendor's doing (its
+    code, or a library it called, called sys.exit()), not a Python signal handler's that ran
+    meanwhile (Python runs handlers in the main thread between any two bytecodes: the
+    handler's frames are then the innermost of the traceback)."""
+    handlers = {code for code in map(_code_of, _signal_handlers()) if code is not None}
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in handlers:
+            return False
+        tb = tb.tb_next
+    return True
+
+
+def _signal_handlers() -> list:
+    import signal
+
+    found = []
+    for sig in signal.valid_signals():
+        try:
+            handler = signal.getsignal(sig)
+        except (OSError, ValueError):
+            continue
+        if callable(handler):
+            found.append(handler)
+    return found
+
+
+def _code_of(handler):
+    """The code a Python signal handler runs first: a function's, a bound method's, a
+    functools.partial's, a callable object's ``__call__``."""
+    for _ in range(8):
+        code = getattr(handler, "__code__", None)
+        if code is not None:
+            return code
+        inner = getattr(handler, "__func__", None) or getattr(handler, "func", None)
+        if inner is None:  # an object with a __call__ of its own (a builtin's has no code)
+            inner = next((vars(k)["__call__"] for k in type(handler).__mro__ if "__call__" in vars(k)), None)
+        if inner is None:
+            return None
+        handler = inner
+    return None
+
+
 def failure_place(exc: BaseException) -> tuple[str, int] | None:
     """Where a vendor's import failed: the deepest frame in the directory of the first module
     the import ran (the vendor's; a library it called, phoenix's importer and importlib's
@@ -123,7 +177,11 @@ def _file_loader(name: str, path: str):
         spec = importlib.util.spec_from_file_location(modname, path)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[modname] = mod
-        spec.loader.exec_module(mod)
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            sys.modules.pop(modname, None)  # as importlib does: the next load runs it again
+            raise
         return mod
 
     return load

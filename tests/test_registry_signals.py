@@ -149,3 +149,122 @@ def test_a_fork_child_is_not_stuck_on_a_lock_another_thread_held():
         assert not failed, failed
     """)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+# ---- an exit while a vendor's module imports ------------------------------------------------
+
+SLEEPY = """
+    import os
+    import time
+
+    time.sleep(float(os.environ.get("SLEEPY_S", "0")))  # a slow import (a driver's library)
+
+    from phoenix.vendor import Probe, VendorRuntime
+
+
+    class Runtime(VendorRuntime):
+        name = "sleepy"
+        auto_priority = 0
+
+        @classmethod
+        def probe(cls):
+            return Probe(True, "fine")
+"""
+
+HANDLERS = {
+    "function": "handler = lambda signum, frame: sys.exit(7)",
+    "partial": "import functools\nhandler = functools.partial(lambda code, s, f: sys.exit(code), 7)",
+    "method": "class App:\n    def on_term(self, s, f):\n        sys.exit(7)\nhandler = App().on_term",
+    "object": "class OnTerm:\n    def __call__(self, s, f):\n        raise SystemExit(7)\nhandler = OnTerm()",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HANDLERS))
+def test_a_handlers_exit_during_a_vendor_import_ends_the_process(tmp_path, kind):
+    root = make_vendor(tmp_path, "sleepy", SLEEPY)
+    p = run_python(
+        f"""
+        import signal, sys
+        from phoenix import registry
+
+        {textwrap.indent(HANDLERS[kind], " " * 8).lstrip()}
+        signal.signal(signal.SIGALRM, handler)
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        entry = registry.discover()["sleepy"]
+        entry.load()
+        print("kept running:", entry.error)
+        """,
+        env={"PHX_VENDOR_PATH": str(root), "SLEEPY_S": "20"},
+    )
+    assert p.returncode == 7, p.stdout + p.stderr
+    assert "kept running" not in p.stdout
+
+
+@pytest.mark.parametrize("exc", ["SystemExit(7)", "KeyboardInterrupt()"])
+def test_after_an_interrupted_vendor_import_the_next_load_imports_again(tmp_path, exc):
+    root = make_vendor(tmp_path, "sleepy", SLEEPY)
+    p = run_python(
+        f"""
+        import os, signal, sys
+        from phoenix import registry
+
+        def handler(signum, frame):
+            raise {exc}
+
+        signal.signal(signal.SIGALRM, handler)
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        found = registry.discover()
+        try:
+            found["sleepy"].load()
+            sys.exit("the handler's exception was swallowed: " + str(found["sleepy"].error))
+        except {exc.split("(")[0]}:
+            pass
+        os.environ["SLEEPY_S"] = "0"
+        assert found["sleepy"].load() is not None, found["sleepy"].error
+        assert found["sleepy"].error is None
+        assert registry.select("sleepy", found).name == "sleepy"
+        """,
+        env={"PHX_VENDOR_PATH": str(root), "SLEEPY_S": "20"},
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+EXITS = """
+    import sys
+
+    sys.exit(3)
+"""
+
+EXITS_IN_A_LIBRARY = """
+    import argparse
+
+    argparse.ArgumentParser(prog="acme").parse_args(["--no-such-flag"])
+"""
+
+
+def test_a_vendor_that_exits_at_import_stays_a_broken_vendor(tmp_path):
+    """Its own sys.exit(3), or a library's it called (argparse), with a signal handler of
+    the program's installed: reported with the vendor's place; the process goes on."""
+    root = make_vendor(tmp_path, "exits", EXITS)
+    make_vendor(root, "argexit", EXITS_IN_A_LIBRARY)
+    p = run_python(
+        """
+        import signal, sys
+        from phoenix import registry
+
+        signal.signal(signal.SIGALRM, lambda signum, frame: sys.exit(7))
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(8))
+        found = registry.discover()
+        for name in ("exits", "argexit"):
+            assert found[name].load() is None
+            print(name, found[name].error)
+        print("kept running")
+        """,
+        env={"PHX_VENDOR_PATH": str(root)},
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = dict(line.split(" ", 1) for line in p.stdout.splitlines() if " " in line)
+    assert lines["exits"] == f"import failed: it called sys.exit(3) at import ({root / 'exits' / 'runtime.py'}:4)"
+    assert lines["argexit"].startswith("import failed: it called sys.exit(2) at import"), lines
+    assert lines["argexit"].endswith(f"({root / 'argexit' / 'runtime.py'}:4)"), lines
+    assert "kept running" in p.stdout
