@@ -138,6 +138,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import operator
 import os
 import threading
 import weakref
@@ -244,6 +245,51 @@ class Settings:
         )
 
 
+#: the values each integer setting takes, as its error messages say them
+RANGES = {
+    "threads": "between 1 and 1024",
+    "queue_depth": "between 1 and 4096",
+    "chunk_size": "a multiple of 4096 between 4K and 1G",
+    "inflight": "0 (64 MiB per worker) or between 1M and 2**63-1 bytes",
+    "bounce_pool_size": "auto (0) or between 1M and this machine's memory",
+    "fmap_cache": "between 0 (off) and 2**63-1 bytes",
+    "fmap_window": "a multiple of 2M between 2M and 2**63-1 bytes",
+    "fmap_register_flags": "vendor or an unsigned 32-bit value (0 to 0xffffffff)",
+}
+
+
+def _integer(name: str, value, source: str) -> int:
+    """An integer setting's value as written: a whole number, a size (64K, 16M, 2G) or, for
+    ``fmap_register_flags``, a number in any base (0x9). A sign is read too, so that a
+    negative value gets its range in the message rather than "not a number"."""
+    what = {"threads": "an integer", "queue_depth": "an integer", "fmap_register_flags": "an integer (9, 0x9)"}
+    what = what.get(name, "an integer or a size (4096, 64K, 16M, 2G)")
+    bad = ValueError(f"{source}: {name}={value!r} is not {what}; it must be {RANGES[name]}")
+    if isinstance(value, bool):  # (an int to Python: True would be 1 thread)
+        raise bad
+    if isinstance(value, float):
+        if not value.is_integer():  # 2.5 threads was 2
+            raise bad
+        return int(value)
+    if not isinstance(value, str):
+        try:
+            return operator.index(value)  # an int, a numpy integer
+        except TypeError:
+            raise bad from None
+    text = value.strip()
+    sign = -1 if text.startswith("-") else 1
+    text = text[1:] if text[:1] in ("-", "+") else text
+    try:
+        n = int(text, 0) if name == "fmap_register_flags" else parse_size(text)
+    except SizeTooLarge:
+        if sign < 0:
+            raise ValueError(f"{source}: {name}={value} must be {RANGES[name]}") from None
+        raise ValueError(f"{source}: {name}={value} is past 2**63-1 bytes") from None
+    except ValueError:
+        raise bad from None
+    return sign * n
+
+
 def _check(name: str, value, source: str):
     """Validate and normalize one value; ValueError naming the setting and where it came from."""
     if name == "vendor":
@@ -269,39 +315,34 @@ def _check(name: str, value, source: str):
         try:
             secs = float(value.strip().lower().removesuffix("s")) if isinstance(value, str) else float(value)
         except (TypeError, ValueError):
-            raise ValueError(f"{source}: fmap_idle={value!r} is not a number of seconds (30, 0.5, 0: never)") from None
+            raise ValueError(
+                f"{source}: fmap_idle={value!r} is not a number of seconds (30, 0.5, 0: never); "
+                "it must be between 0 and 1e6"
+            ) from None
         if not 0 <= secs <= 1e6:
             raise ValueError(f"{source}: fmap_idle={secs} must be between 0 (never) and 1e6 seconds")
         return secs
     if name == "bounce_pool_size" and isinstance(value, str) and value.strip().lower() == "auto":
         return 0
-    try:
-        if name == "fmap_register_flags" and isinstance(value, str):
-            n = int(value.strip(), 0)  # 9, 0x9
-        else:
-            n = parse_size(value) if isinstance(value, str) else int(value)
-    except SizeTooLarge:
-        raise ValueError(f"{source}: {name}={value} is past 2**63-1 bytes") from None
-    except (TypeError, ValueError):
-        raise ValueError(f"{source}: {name}={value!r} is not an integer or a size (4096, 64K, 16M, 2G)") from None
+    n = _integer(name, value, source)
     if name == "threads" and not 1 <= n <= 1024:
-        raise ValueError(f"{source}: threads={n} must be between 1 and 1024")
+        raise ValueError(f"{source}: threads={n} must be {RANGES[name]}")
     if name == "queue_depth" and not 1 <= n <= 4096:
-        raise ValueError(f"{source}: queue_depth={n} must be between 1 and 4096")
-    if name == "inflight" and n != 0 and n < 1 << 20:
-        raise ValueError(f"{source}: inflight={n} must be 0 (64 MiB per worker) or at least 1M")
-    if name == "chunk_size" and (n < 4096 or n % 4096 or n > 1 << 30):
-        raise ValueError(f"{source}: chunk_size={n} must be a multiple of 4096 between 4K and 1G")
-    if name == "bounce_pool_size" and n != 0 and n < 1 << 20:
-        raise ValueError(f"{source}: bounce_pool_size={n} must be auto (0) or at least 1M")
-    if name == "fmap_cache" and n < 0:
-        raise ValueError(f"{source}: fmap_cache={n} must be 0 (off) or a size")
-    if name == "fmap_window" and (n < 2 << 20 or n % (2 << 20)):
-        raise ValueError(f"{source}: fmap_window={n} must be a multiple of 2M")
-    if name == "fmap_register_flags" and not 0 <= n <= 0xFFFFFFFF:
-        raise ValueError(f"{source}: fmap_register_flags={n} must be an unsigned 32-bit value")
+        raise ValueError(f"{source}: queue_depth={n} must be {RANGES[name]}")
     if name in ("inflight", "bounce_pool_size", "fmap_cache", "fmap_window") and n > I64_MAX:
         raise ValueError(f"{source}: {name}={n} is past 2**63-1 bytes")
+    if name == "inflight" and n != 0 and not 1 << 20 <= n:
+        raise ValueError(f"{source}: inflight={n} must be {RANGES[name]}")
+    if name == "chunk_size" and (n < 4096 or n % 4096 or n > 1 << 30):
+        raise ValueError(f"{source}: chunk_size={n} must be {RANGES[name]}")
+    if name == "bounce_pool_size" and n != 0 and n < 1 << 20:
+        raise ValueError(f"{source}: bounce_pool_size={n} must be {RANGES[name]}")
+    if name == "fmap_cache" and n < 0:
+        raise ValueError(f"{source}: fmap_cache={n} must be {RANGES[name]}")
+    if name == "fmap_window" and (n < 2 << 20 or n % (2 << 20)):
+        raise ValueError(f"{source}: fmap_window={n} must be {RANGES[name]}")
+    if name == "fmap_register_flags" and not 0 <= n <= 0xFFFFFFFF:
+        raise ValueError(f"{source}: fmap_register_flags={n} must be {RANGES[name]}")
     if name == "bounce_pool_size" and n > _physical_memory():
         raise ValueError(
             f"{source}: bounce_pool_size={n} is more than this machine's memory ({_physical_memory()} bytes): "

@@ -244,3 +244,45 @@ def test_plain_calls_in_a_loop_keep_one_layer_per_setting():
     for n in range(1, 200):
         ps.override(threads=n, chunk_size=4096 * n)
     assert ps.get().threads == 199 and len(ps._state.layers) <= 2
+
+
+# ---- messages that say the range ------------------------------------------------------------
+
+NUMERIC = sorted(n for n, d in ps.DEFAULTS.items() if isinstance(d, (int, float)) and not isinstance(d, bool)) + [
+    "fmap_register_flags"
+]
+
+
+@pytest.mark.parametrize("name", NUMERIC)
+@pytest.mark.parametrize("text", ["-1", "-64K", "-99999999999999999999999"])
+def test_a_negative_number_gets_the_settings_range(monkeypatch, name, text):
+    if name in ("fmap_idle", "fmap_register_flags") and text.endswith("K"):
+        pytest.skip("seconds and flags take no K")
+    var = ps.ENV[name]
+    monkeypatch.setenv(var, text)
+    with pytest.raises(ValueError) as exc:
+        ps.get()
+    msg = str(exc.value)
+    assert msg.startswith(f"environment {var}: {name}=-") and " must be " in msg, msg
+    assert "not an integer" not in msg and "not a number" not in msg, msg
+    monkeypatch.delenv(var)
+    with pytest.raises(ValueError, match=f"{name}=-\\S+ must be "):
+        ps.override(**{name: text})
+
+
+def test_threads_minus_one_says_its_range(monkeypatch):
+    monkeypatch.setenv("PHX_THREADS", "-1")
+    with pytest.raises(ValueError, match=r"^environment PHX_THREADS: threads=-1 must be between 1 and 1024$"):
+        ps.get()
+
+
+@pytest.mark.parametrize("value", [2.5, True, "2.5", "four", [4]])
+def test_what_is_no_whole_number_is_refused_with_its_range(value):
+    with pytest.raises(ValueError, match="threads=.* is not an integer.*it must be between 1 and 1024"):
+        ps.override(threads=value)
+
+
+def test_whole_numbers_in_any_spelling_are_taken():
+    for value in (8, 8.0, "8", "+8", " 8 "):
+        with ps.override(threads=value):
+            assert ps.get().threads == 8, value
