@@ -48,13 +48,11 @@ def use_runtime(runtime) -> None:
 
 
 def _runtime(s: _settings.Settings | None = None):
-    """The runtime of the ``vendor`` setting (``s``'s, else the current one); None when no
-    vendor can serve: host memory still works."""
-    try:
-        vendor = s.vendor if s is not None else _settings.effective("vendor")
-        return _registry.resolve(vendor)
-    except Exception:  # no usable vendor: host memory still works
-        return None
+    """The runtime of the ``vendor`` setting (``s``'s, else the current one); None when
+    ``auto`` finds no vendor that can serve: host memory still works. A vendor named
+    explicitly that cannot serve raises, saying why (:func:`phoenix.registry.runtime_for_io`)."""
+    vendor = s.vendor if s is not None else _settings.effective("vendor")
+    return _registry.runtime_for_io(vendor)
 
 
 def fmap_register_flags(s: _settings.Settings, runtime) -> int:

@@ -371,6 +371,29 @@ def resolve(vendor: str, by: str | None = None) -> VendorRuntime:
         return made
 
 
+def runtime_for_io(vendor: str) -> VendorRuntime | None:
+    """The runtime the I/O stack submits with, for a value of the ``vendor`` setting.
+
+    ``auto``: None where no vendor can serve (host memory needs none). A vendor named
+    explicitly (``PHX_VENDOR=nvidia``, ``settings.override(vendor=...)``) that cannot
+    serve raises, naming it and why: a typo or a missing driver is never ignored in favour
+    of host memory."""
+    if vendor == "auto":
+        try:
+            return resolve(vendor)
+        except Exception:  # no usable vendor: host memory still works
+            return None
+    try:
+        return resolve(vendor)
+    except VendorUnavailable as exc:
+        where = _settings.source_of("vendor")
+        named = f"PHX_VENDOR={vendor}" if where in ("environment", "default") else f"vendor={vendor!r} ({where})"
+        instead = "auto" if vendor == FALLBACK else f"auto (or {FALLBACK})"
+        raise VendorUnavailable(
+            f"{named}: {exc}; set the vendor to {instead} to use what is usable here ('phx info' lists the vendors)"
+        ) from exc
+
+
 def current_selection() -> Selection | None:
     """The Selection behind :func:`get_runtime`'s runtime, if one was made."""
     current = _current

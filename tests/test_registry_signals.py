@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from phoenix import registry
+
 BOUND_S = 30  # a deadlock runs into it; the bodies take a few seconds
 
 
@@ -37,6 +39,18 @@ def make_vendor(root: Path, name: str, body: str) -> Path:
     (root / name / "runtime.py").write_text(textwrap.dedent(body))
     return root
 
+
+RUNTIME = """
+    from phoenix.vendor import Probe, VendorRuntime
+
+    class Runtime(VendorRuntime):
+        name = "{name}"
+        auto_priority = 0
+
+        @classmethod
+        def probe(cls):
+            return Probe({usable}, "{reason}")
+"""
 
 # ---- a handler that re-enters settings and the registry -------------------------------------
 
@@ -268,3 +282,75 @@ def test_a_vendor_that_exits_at_import_stays_a_broken_vendor(tmp_path):
     assert lines["argexit"].startswith("import failed: it called sys.exit(2) at import"), lines
     assert lines["argexit"].endswith(f"({root / 'argexit' / 'runtime.py'}:4)"), lines
     assert "kept running" in p.stdout
+
+
+# ---- an explicitly named vendor that cannot serve -------------------------------------------
+
+READ = """
+    import os, sys
+    import phoenix.io as pio
+    from phoenix import settings
+
+    path = sys.argv[1] if len(sys.argv) > 1 else os.environ["DATA"]
+    data = open(path, "rb").read()
+    buf = bytearray(b"\\xa5" * (len(data) + 4096))
+    try:
+        with {scope}:
+            with pio.open(path, "r") as f:
+                n = f.read(memoryview(buf)[:len(data)], len(data), 0)
+    except Exception as exc:
+        print(f"{{type(exc).__name__}}: {{exc}}")
+        sys.exit(3)
+    assert n == len(data) and bytes(buf[:n]) == data, n
+    assert buf[n:] == b"\\xa5" * 4096  # past the extent: untouched
+    print("read", n)
+"""
+
+
+@pytest.fixture
+def data(tmp_path):
+    path = tmp_path / "data.bin"
+    path.write_bytes(os.urandom(3 * 4096 + 123))
+    return path
+
+
+@pytest.mark.parametrize(
+    "scope,env,words",
+    [
+        ("open(os.devnull)", {"PHX_VENDOR": "unusable"}, ["PHX_VENDOR=unusable", "no device node /dev/fake0", "auto"]),
+        (
+            "settings.override(vendor='unusable')",
+            {"PHX_VENDOR": "auto"},
+            ["vendor='unusable' (override)", "no device node /dev/fake0"],
+        ),
+        ("open(os.devnull)", {"PHX_VENDOR": "nosuch"}, ["unknown vendor 'nosuch'", "installed vendors", "unusable"]),
+        (
+            "open(os.devnull)",
+            {"PHX_VENDOR": "host", "PHX_HOST_DEVICES": "0"},
+            ["PHX_VENDOR=host", "PHX_HOST_DEVICES=0", "set the vendor to auto to"],
+        ),
+    ],
+)
+def test_host_memory_io_with_a_named_vendor_that_cannot_serve_says_why(tmp_path, data, scope, env, words):
+    """Before, the first I/O swallowed the registry's reason and went on with no vendor:
+    PHX_VENDOR=nvidia on a machine without CUDA was ignored without a word."""
+    root = make_vendor(
+        tmp_path / "v", "unusable", RUNTIME.format(name="unusable", usable=False, reason="no device node /dev/fake0")
+    )
+    p = run_python(READ.format(scope=scope), env={"PHX_VENDOR_PATH": str(root), "DATA": str(data), **env})
+    assert p.returncode == 3, p.stdout + p.stderr
+    (line,) = p.stdout.splitlines()
+    assert line.startswith(("VendorUnavailable: ", "UnknownVendorError: ")), line
+    for word in words:
+        assert word in line, (word, line)
+
+
+def test_host_memory_io_with_auto_needs_no_vendor(tmp_path, data):
+    """auto, no accelerator, and not even the host fallback can serve: host memory is still
+    read in place, every byte."""
+    if any(n != "host" and e.probe().usable and registry.auto_priority(e) > 0 for n, e in registry.discover().items()):
+        pytest.skip("an accelerator vendor is usable here: auto picks it")
+    p = run_python(
+        READ.format(scope="open(os.devnull)"), env={"PHX_VENDOR": "auto", "PHX_HOST_DEVICES": "0", "DATA": str(data)}
+    )
+    assert p.returncode == 0 and p.stdout.strip() == f"read {data.stat().st_size}", p.stdout + p.stderr
