@@ -56,6 +56,33 @@ __all__ = [
 _IO_NAMES = {"open", "batch", "register", "deregister"}
 
 
+def _submodule_names() -> set[str]:
+    """The package's public submodules (``phoenix.io``, ``phoenix.kmod`` ...) in its
+    directories. (An editable install maps ``phoenix.vendors`` and ``phoenix.templates``
+    in from elsewhere: reachable as attributes all the same, by :func:`_submodule`.)"""
+    import pkgutil
+
+    return {m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")}
+
+
+def _submodule(name: str):
+    # A public submodule, imported on first use: `import phoenix; phoenix.io.stats()` works
+    # as documented, without loading the C core (phoenix.io) until then. A directory of data
+    # (csrc/, lib/: no __init__.py) is no module.
+    import importlib
+    import importlib.util
+
+    if name.startswith("_") or not name.isidentifier():
+        return None
+    try:
+        spec = importlib.util.find_spec(f"{__name__}.{name}")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin in (None, "namespace"):
+        return None
+    return importlib.import_module(f"{__name__}.{name}")
+
+
 def __getattr__(name):
     # The I/O stack loads the C core; import it only when used, so that `phx info`
     # and vendor discovery work (and report) even where the core cannot load.
@@ -63,9 +90,12 @@ def __getattr__(name):
 
     if name in _IO_NAMES:
         return getattr(importlib.import_module("phoenix.io"), name)
+    module = _submodule(name)
+    if module is not None:
+        return module
     raise AttributeError(f"module 'phoenix' has no attribute {name!r}")
 
 
 def __dir__():
-    # the lazy names (open, batch, ...) are public too: list them before their first use
-    return sorted(set(globals()) | set(__all__))
+    # the lazy names (open, batch, io, kmod, ...) are public too: list them before their first use
+    return sorted(set(globals()) | set(__all__) | _submodule_names())

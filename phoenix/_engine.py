@@ -31,7 +31,7 @@ from ._abi import (
     _lib,
 )
 from ._futures import _prune_stream_ops
-from .errors import PhxError, PhxIOError
+from .errors import PhxIOError
 
 # ---- the vendor runtime and the settings it is applied with ------------------------------
 
@@ -47,15 +47,11 @@ def use_runtime(runtime) -> None:
 
 
 def _runtime(s: _settings.Settings | None = None):
-    """The runtime of the ``vendor`` setting (``s``'s, else the current one); None when no
-    vendor can serve: host memory still works."""
-    try:
-        vendor = s.vendor if s is not None else _settings.effective("vendor")
-        return _registry.resolve(vendor)
-    except PhxError:  # no usable vendor (the registry says why): host memory still works
-        return None
-    # (anything else, a signal handler's exception among them, propagates: an engine built
-    # on "no runtime" because of it would be cached and answer "no data path" for good)
+    """The runtime of the ``vendor`` setting (``s``'s, else the current one); None when
+    ``auto`` finds no vendor that can serve: host memory still works. A vendor named
+    explicitly that cannot serve raises, saying why (:func:`phoenix.registry.runtime_for_io`)."""
+    vendor = s.vendor if s is not None else _settings.effective("vendor")
+    return _registry.runtime_for_io(vendor)
 
 
 def fmap_register_flags(s: _settings.Settings, runtime) -> int:

@@ -35,7 +35,7 @@ import traceback
 from dataclasses import dataclass, field
 
 from . import settings as _settings
-from .errors import UnknownVendorError, VendorUnavailable
+from .errors import PhxError, UnknownVendorError, VendorUnavailable
 from .vendor import Probe, VendorRuntime
 
 #: the reference vendor `auto` falls back to (always installed: it makes the rest testable)
@@ -55,17 +55,27 @@ class VendorEntry:
     _loaded: bool = field(repr=False, default=False)
 
     def load(self) -> type[VendorRuntime] | None:
-        """Import the vendor's runtime module once; None (and :attr:`error`) on failure."""
+        """Import the vendor's runtime module once; None (and :attr:`error`) on failure.
+
+        A vendor module that raises, or calls sys.exit(), at import is a broken vendor; an
+        exit or interrupt that is not the vendor's (a signal handler that calls sys.exit()
+        while the import runs) propagates, and the next load imports again."""
         if not self._loaded:
-            self._loaded = True
+            cls, error = None, None
             try:
                 obj = self._loader()
                 cls = getattr(obj, "Runtime", obj)
                 if not (isinstance(cls, type) and issubclass(cls, VendorRuntime)):
                     raise TypeError(f"{self.location} has no Runtime class derived from phoenix.vendor.VendorRuntime")
-                self._cls = cls
-            except (Exception, SystemExit) as exc:  # a broken vendor must not stop the others (nor exit)
-                self._error = import_failure(exc)
+            except Exception as exc:  # a broken vendor must not stop the others
+                cls, error = None, import_failure(exc)
+            except SystemExit as exc:
+                if not vendors_own_exit(exc):
+                    raise
+                cls, error = None, import_failure(exc)  # nor end the process
+            # published together, after the import: a signal handler that loads this entry
+            # while it imports finds it not loaded yet
+            self._cls, self._error, self._loaded = cls, error, True
         return self._cls
 
     @property
@@ -98,6 +108,50 @@ def import_failure(exc: BaseException) -> str:
     return f"import failed: {what}" + (f" ({where[0]}:{where[1]})" if where else "")
 
 
+def vendors_own_exit(exc: SystemExit) -> bool:
+    """Whether a SystemExit raised while a vendor's module imported is the vendor's doing (its
+    code, or a library it called, called sys.exit()), not a Python signal handler's that ran
+    meanwhile (Python runs handlers in the main thread between any two bytecodes: the
+    handler's frames are then the innermost of the traceback)."""
+    handlers = {code for code in map(_code_of, _signal_handlers()) if code is not None}
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in handlers:
+            return False
+        tb = tb.tb_next
+    return True
+
+
+def _signal_handlers() -> list:
+    import signal
+
+    found = []
+    for sig in signal.valid_signals():
+        try:
+            handler = signal.getsignal(sig)
+        except (OSError, ValueError):
+            continue
+        if callable(handler):
+            found.append(handler)
+    return found
+
+
+def _code_of(handler):
+    """The code a Python signal handler runs first: a function's, a bound method's, a
+    functools.partial's, a callable object's ``__call__``."""
+    for _ in range(8):
+        code = getattr(handler, "__code__", None)
+        if code is not None:
+            return code
+        inner = getattr(handler, "__func__", None) or getattr(handler, "func", None)
+        if inner is None:  # an object with a __call__ of its own (a builtin's has no code)
+            inner = next((vars(k)["__call__"] for k in type(handler).__mro__ if "__call__" in vars(k)), None)
+        if inner is None:
+            return None
+        handler = inner
+    return None
+
+
 def failure_place(exc: BaseException) -> tuple[str, int] | None:
     """Where a vendor's import failed: the deepest frame in the directory of the first module
     the import ran (the vendor's; a library it called, phoenix's importer and importlib's
@@ -123,7 +177,11 @@ def _file_loader(name: str, path: str):
         spec = importlib.util.spec_from_file_location(modname, path)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[modname] = mod
-        spec.loader.exec_module(mod)
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            sys.modules.pop(modname, None)  # as importlib does: the next load runs it again
+            raise
         return mod
 
     return load
@@ -250,10 +308,23 @@ def _select(requested: str, by: str, vendors: dict[str, VendorEntry] | None) -> 
     )
 
 
-_lock = threading.Lock()
+# The registry's state is replaced whole, never changed in place, and the lock is reentrant:
+# a signal handler that does phoenix I/O runs in the main thread between two bytecodes of
+# whatever it interrupted, resolve() included, and must neither deadlock on the lock nor see
+# a half-made change (see phoenix.settings).
+_lock = threading.RLock()
 _current: tuple[str, VendorRuntime, Selection] | None = None  # (requested, runtime, selection)
-_adopted: VendorRuntime | None = None  # use_runtime()'s: served for its name, never closed here
-_adopted_layer = None  # the settings override use_runtime() holds
+#: use_runtime()'s (runtime, the settings override it holds): served for its name, never closed here
+_adopted: tuple[VendorRuntime, _settings.Override] | None = None
+
+
+def _reinit_after_fork() -> None:
+    # a thread of the parent may have held the lock at fork(): in the child it never lets go
+    global _lock
+    _lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_reinit_after_fork)
 
 
 def get_runtime(name: str | None = None) -> VendorRuntime:
@@ -268,27 +339,67 @@ def get_runtime(name: str | None = None) -> VendorRuntime:
     return resolve(name or _settings.effective("vendor"), "caller" if name else None)
 
 
+def _served(vendor: str) -> VendorRuntime | None:
+    adopted, current = _adopted, _current
+    if adopted is not None and adopted[0].name == vendor:
+        return adopted[0]
+    if current is not None and current[0] == vendor:
+        return current[1]
+    return None
+
+
 def resolve(vendor: str, by: str | None = None) -> VendorRuntime:
     """The runtime for a value of the ``vendor`` setting (what the I/O stack calls with
     the settings it submits with); ``by`` says who asked, for the selection's reason."""
     global _current
-    with _lock:
-        adopted = _adopted
-        if adopted is not None and adopted.name == vendor:
-            return adopted
-        if _current is not None and _current[0] == vendor:
-            return _current[1]
-        sel = _select(vendor, by or _setting_source(), None)
-        rt = sel.runtime_cls()
-        if _current is not None:
-            _current[1].close()
-        _current = (vendor, rt, sel)
+    rt = _served(vendor)
+    if rt is not None:
         return rt
+    with _lock:
+        rt = _served(vendor)
+        if rt is not None:
+            return rt
+        sel = _select(vendor, by or _setting_source(), None)
+        made = sel.runtime_cls()
+        rt = _served(vendor)
+        if rt is not None:  # a signal handler resolved it while this call made its own
+            made.close()
+            return rt
+        old, _current = _current, (vendor, made, sel)
+        if old is not None:
+            old[1].close()
+        return made
+
+
+def runtime_for_io(vendor: str) -> VendorRuntime | None:
+    """The runtime the I/O stack submits with, for a value of the ``vendor`` setting.
+
+    ``auto``: None where no vendor can serve (host memory needs none). A vendor named
+    explicitly (``PHX_VENDOR=nvidia``, ``settings.override(vendor=...)``) that cannot
+    serve raises, naming it and why: a typo or a missing driver is never ignored in favour
+    of host memory."""
+    if vendor == "auto":
+        try:
+            return resolve(vendor)
+        except PhxError:  # no usable vendor (the registry says why): host memory still works
+            return None
+        # (anything else, a signal handler's exception among them, propagates: an engine
+        # built on "no runtime" because of it would be cached, answering "no data path")
+    try:
+        return resolve(vendor)
+    except VendorUnavailable as exc:
+        where = _settings.source_of("vendor")
+        named = f"PHX_VENDOR={vendor}" if where in ("environment", "default") else f"vendor={vendor!r} ({where})"
+        instead = "auto" if vendor == FALLBACK else f"auto (or {FALLBACK})"
+        raise VendorUnavailable(
+            f"{named}: {exc}; set the vendor to {instead} to use what is usable here ('phx info' lists the vendors)"
+        ) from exc
 
 
 def current_selection() -> Selection | None:
     """The Selection behind :func:`get_runtime`'s runtime, if one was made."""
-    return _current[2] if _current else None
+    current = _current
+    return current[2] if current else None
 
 
 def use_vendor(name: str) -> VendorRuntime:
@@ -308,22 +419,21 @@ def use_runtime(runtime: VendorRuntime | None) -> None:
     call, and :func:`resolve` serves this instance for that name. The registry never
     closes it: the caller owns it.
     """
-    global _adopted, _adopted_layer
+    global _adopted
     with _lock:
-        layer, _adopted_layer = _adopted_layer, None
-        _adopted = runtime
-        if layer is not None:
-            layer.__exit__(None, None, None)
+        layer = None
         if runtime is not None:
             layer = _settings.override(vendor=runtime.name)
-            layer.__enter__()
-            _adopted_layer = layer
+            layer.__enter__()  # a block until the next call: set() does not take it back
+        old, _adopted = _adopted, (runtime, layer) if runtime is not None else None
+        if old is not None:
+            old[1].__exit__(None, None, None)
 
 
 def reset() -> None:
     """Close and forget the current runtime (tests, and switching vendors)."""
     global _current
     with _lock:
-        if _current is not None:
-            _current[1].close()
-        _current = None
+        old, _current = _current, None
+        if old is not None:
+            old[1].close()

@@ -113,22 +113,36 @@ Use::
     ps.set(mode="staged")               # process-wide, until changed again
     with ps.override(vendor="host"):    # the vendor, like any other setting
         ...
+    ps.override(vendor="host")          # without `with`: from now on (see below)
 
 Overrides are process-wide (like KvikIO's ``kvikio.defaults.set``), nest, and are undone
-at the end of the ``with`` block. Requests already submitted keep the settings they were
-submitted with; a change of vendor, threads, queue depth, chunk size, pool size, engine
-or an ``fmap_*`` setting starts a new worker pool (with an empty file-mapping cache) for
-the requests that follow (the old one finishes its work and exits).
+at the end of the ``with`` block (blocks may end in any order, in any thread). Like
+``kvikio.defaults.set``, ``override()`` checks its arguments and applies them at the call
+(a bad name or value raises there, ``with`` or not); the ``with`` block is what takes them
+back. Called without ``with``, its values stay until a later ``set()`` of the same
+setting, :func:`reset`, or ``restore()`` on what it returned; a ``with`` block entered
+later is above it while it lasts. Precedence: defaults < environment < ``set()`` <
+``override()`` calls, the latest on top.
+
+Requests already submitted keep the settings they were submitted with; a change of
+vendor, threads, queue depth, chunk size, pool size, engine or an ``fmap_*`` setting
+starts a new worker pool (with an empty file-mapping cache) for the requests that follow
+(the old one finishes its work and exits).
+
+A signal handler may read and change the settings (a checkpoint from SIGTERM), even
+where it interrupts phoenix in the middle of a change; a child of ``os.fork()`` may too,
+whichever thread of the parent was changing them.
 """
 
 from __future__ import annotations
 
 import builtins
-import contextlib
 import dataclasses
+import operator
 import os
 import threading
-from collections.abc import Iterator
+import weakref
+from typing import NamedTuple
 
 from .checks import I64_MAX
 from .vendor import SizeTooLarge, parse_size
@@ -231,6 +245,51 @@ class Settings:
         )
 
 
+#: the values each integer setting takes, as its error messages say them
+RANGES = {
+    "threads": "between 1 and 1024",
+    "queue_depth": "between 1 and 4096",
+    "chunk_size": "a multiple of 4096 between 4K and 1G",
+    "inflight": "0 (64 MiB per worker) or between 1M and 2**63-1 bytes",
+    "bounce_pool_size": "auto (0) or between 1M and this machine's memory",
+    "fmap_cache": "between 0 (off) and 2**63-1 bytes",
+    "fmap_window": "a multiple of 2M between 2M and 2**63-1 bytes",
+    "fmap_register_flags": "vendor or an unsigned 32-bit value (0 to 0xffffffff)",
+}
+
+
+def _integer(name: str, value, source: str) -> int:
+    """An integer setting's value as written: a whole number, a size (64K, 16M, 2G) or, for
+    ``fmap_register_flags``, a number in any base (0x9). A sign is read too, so that a
+    negative value gets its range in the message rather than "not a number"."""
+    what = {"threads": "an integer", "queue_depth": "an integer", "fmap_register_flags": "an integer (9, 0x9)"}
+    what = what.get(name, "an integer or a size (4096, 64K, 16M, 2G)")
+    bad = ValueError(f"{source}: {name}={value!r} is not {what}; it must be {RANGES[name]}")
+    if isinstance(value, bool):  # (an int to Python: True would be 1 thread)
+        raise bad
+    if isinstance(value, float):
+        if not value.is_integer():  # 2.5 threads was 2
+            raise bad
+        return int(value)
+    if not isinstance(value, str):
+        try:
+            return operator.index(value)  # an int, a numpy integer
+        except TypeError:
+            raise bad from None
+    text = value.strip()
+    sign = -1 if text.startswith("-") else 1
+    text = text[1:] if text[:1] in ("-", "+") else text
+    try:
+        n = int(text, 0) if name == "fmap_register_flags" else parse_size(text)
+    except SizeTooLarge:
+        if sign < 0:
+            raise ValueError(f"{source}: {name}={value} must be {RANGES[name]}") from None
+        raise ValueError(f"{source}: {name}={value} is past 2**63-1 bytes") from None
+    except ValueError:
+        raise bad from None
+    return sign * n
+
+
 def _check(name: str, value, source: str):
     """Validate and normalize one value; ValueError naming the setting and where it came from."""
     if name == "vendor":
@@ -256,39 +315,34 @@ def _check(name: str, value, source: str):
         try:
             secs = float(value.strip().lower().removesuffix("s")) if isinstance(value, str) else float(value)
         except (TypeError, ValueError):
-            raise ValueError(f"{source}: fmap_idle={value!r} is not a number of seconds (30, 0.5, 0: never)") from None
+            raise ValueError(
+                f"{source}: fmap_idle={value!r} is not a number of seconds (30, 0.5, 0: never); "
+                "it must be between 0 and 1e6"
+            ) from None
         if not 0 <= secs <= 1e6:
             raise ValueError(f"{source}: fmap_idle={secs} must be between 0 (never) and 1e6 seconds")
         return secs
     if name == "bounce_pool_size" and isinstance(value, str) and value.strip().lower() == "auto":
         return 0
-    try:
-        if name == "fmap_register_flags" and isinstance(value, str):
-            n = int(value.strip(), 0)  # 9, 0x9
-        else:
-            n = parse_size(value) if isinstance(value, str) else int(value)
-    except SizeTooLarge:
-        raise ValueError(f"{source}: {name}={value} is past 2**63-1 bytes") from None
-    except (TypeError, ValueError):
-        raise ValueError(f"{source}: {name}={value!r} is not an integer or a size (4096, 64K, 16M, 2G)") from None
+    n = _integer(name, value, source)
     if name == "threads" and not 1 <= n <= 1024:
-        raise ValueError(f"{source}: threads={n} must be between 1 and 1024")
+        raise ValueError(f"{source}: threads={n} must be {RANGES[name]}")
     if name == "queue_depth" and not 1 <= n <= 4096:
-        raise ValueError(f"{source}: queue_depth={n} must be between 1 and 4096")
-    if name == "inflight" and n != 0 and n < 1 << 20:
-        raise ValueError(f"{source}: inflight={n} must be 0 (64 MiB per worker) or at least 1M")
-    if name == "chunk_size" and (n < 4096 or n % 4096 or n > 1 << 30):
-        raise ValueError(f"{source}: chunk_size={n} must be a multiple of 4096 between 4K and 1G")
-    if name == "bounce_pool_size" and n != 0 and n < 1 << 20:
-        raise ValueError(f"{source}: bounce_pool_size={n} must be auto (0) or at least 1M")
-    if name == "fmap_cache" and n < 0:
-        raise ValueError(f"{source}: fmap_cache={n} must be 0 (off) or a size")
-    if name == "fmap_window" and (n < 2 << 20 or n % (2 << 20)):
-        raise ValueError(f"{source}: fmap_window={n} must be a multiple of 2M")
-    if name == "fmap_register_flags" and not 0 <= n <= 0xFFFFFFFF:
-        raise ValueError(f"{source}: fmap_register_flags={n} must be an unsigned 32-bit value")
+        raise ValueError(f"{source}: queue_depth={n} must be {RANGES[name]}")
     if name in ("inflight", "bounce_pool_size", "fmap_cache", "fmap_window") and n > I64_MAX:
         raise ValueError(f"{source}: {name}={n} is past 2**63-1 bytes")
+    if name == "inflight" and n != 0 and not 1 << 20 <= n:
+        raise ValueError(f"{source}: inflight={n} must be {RANGES[name]}")
+    if name == "chunk_size" and (n < 4096 or n % 4096 or n > 1 << 30):
+        raise ValueError(f"{source}: chunk_size={n} must be {RANGES[name]}")
+    if name == "bounce_pool_size" and n != 0 and n < 1 << 20:
+        raise ValueError(f"{source}: bounce_pool_size={n} must be {RANGES[name]}")
+    if name == "fmap_cache" and n < 0:
+        raise ValueError(f"{source}: fmap_cache={n} must be {RANGES[name]}")
+    if name == "fmap_window" and (n < 2 << 20 or n % (2 << 20)):
+        raise ValueError(f"{source}: fmap_window={n} must be {RANGES[name]}")
+    if name == "fmap_register_flags" and not 0 <= n <= 0xFFFFFFFF:
+        raise ValueError(f"{source}: fmap_register_flags={n} must be {RANGES[name]}")
     if name == "bounce_pool_size" and n > _physical_memory():
         raise ValueError(
             f"{source}: bounce_pool_size={n} is more than this machine's memory ({_physical_memory()} bytes): "
@@ -306,10 +360,90 @@ def _physical_memory() -> int:
     return n if n > 0 else I64_MAX  # (-1: indeterminate)
 
 
-_lock = threading.Lock()
-_overrides: list[dict] = []  # stack: set() writes the bottom, override() pushes
-_base: dict = {}  # set() values
+# ---- the state: published whole, so that a signal handler may read and change it ----------
+#
+# Python runs a signal handler in the main thread between two bytecodes of whatever it was
+# doing, phoenix's own code included: a handler that checkpoints through phoenix may land in
+# the middle of a change here. So the state is one immutable value, read with one load (no
+# lock for readers), and replaced with one assignment by writers that compute the new value
+# first. Writers hold a reentrant lock (one thread at a time; the handler, in the thread it
+# interrupted, gets it again) and publish only over the state they computed from: where a
+# handler published in between, they compute again on top of its change.
+
+
+class _Layer(NamedTuple):
+    """One override()'s values in the stack; it belongs to the Override ``owner`` refers to."""
+
+    owner: weakref.ref
+    values: dict
+    entered: bool  #: in force as a ``with`` block (False: applied by the call alone)
+
+    def in_force(self) -> bool:
+        # an entered block whose object is gone without an exit (a leaked __enter__()) is over,
+        # as a generator-based context manager's block ended when it was collected
+        return not self.entered or self.owner() is not None
+
+
+class _State(NamedTuple):
+    base: dict  #: set()'s values
+    layers: tuple  #: override()s, oldest first
+
+
+_state = _State({}, ())
+_lock = threading.RLock()
 _env_cache: tuple[tuple, dict] | None = None
+
+
+def _reinit_after_fork() -> None:
+    # a thread of the parent may have held the lock at fork(): in the child it never lets go
+    global _lock
+    _lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_reinit_after_fork)
+
+
+def _publish(change) -> _State:
+    """Replace the state with ``change(state)`` (which must not mutate its argument)."""
+    global _state
+    with _lock:
+        while True:
+            old = _state
+            new = change(old)
+            if _state is old:  # else a signal handler changed it meanwhile: redo over its change
+                _state = new
+                return new
+
+
+def _plain(layer: _Layer) -> bool:
+    """An override applied by its call alone whose object is gone: it can never be entered or
+    restored, so it is process-wide like set()."""
+    return not layer.entered and layer.owner() is None
+
+
+def _compact(layers: tuple) -> tuple:
+    """Drop ended blocks, and what a later plain override() call shadows for good in an earlier
+    one (a loop of plain calls keeps one layer per setting, not one per call)."""
+    out, later = [], builtins.set()
+    for layer in reversed(layers):
+        if not layer.in_force():
+            continue
+        if _plain(layer):
+            values = {k: v for k, v in layer.values.items() if k not in later}
+            later |= values.keys()
+            if not values:
+                continue
+            layer = layer._replace(values=values)
+        out.append(layer)
+    return tuple(reversed(out))
+
+
+def _merged(state: _State) -> dict:
+    values = dict(state.base)
+    for layer in state.layers:
+        if layer.in_force():
+            values.update(layer.values)
+    return values
 
 
 def _from_env() -> dict:
@@ -327,13 +461,10 @@ def _from_env() -> dict:
 
 
 def get() -> Settings:
-    """The effective settings now: defaults < environment < set() < override() blocks."""
+    """The effective settings now: defaults < environment < set() < override()s."""
     values = dict(DEFAULTS)
     values.update(_from_env())
-    with _lock:
-        values.update(_base)
-        for layer in _overrides:
-            values.update(layer)
+    values.update(_merged(_state))
     return Settings(**values)
 
 
@@ -342,12 +473,9 @@ def effective(name: str):
     environment does not stop, say, the registry from resolving ``vendor``)."""
     if name not in DEFAULTS:
         raise TypeError(f"unknown setting {name!r}; known: {', '.join(DEFAULTS)}")
-    with _lock:
-        for layer in reversed(_overrides):
-            if name in layer:
-                return layer[name]
-        if name in _base:
-            return _base[name]
+    values = _merged(_state)
+    if name in values:
+        return values[name]
     text = os.environ.get(ENV[name])
     if text is not None and text.strip() != "":
         return _check(name, text, f"environment {ENV[name]}")
@@ -356,11 +484,11 @@ def effective(name: str):
 
 def source_of(name: str) -> str:
     """Where a setting's effective value comes from: override, set(), environment or default."""
-    with _lock:
-        if any(name in layer for layer in _overrides):
-            return "override"
-        if name in _base:
-            return "set()"
+    state = _state
+    if any(name in layer.values for layer in state.layers if layer.in_force()):
+        return "override"
+    if name in state.base:
+        return "set()"
     text = os.environ.get(ENV[name])
     return "environment" if text is not None and text.strip() != "" else "default"
 
@@ -372,34 +500,71 @@ def _validate(kwargs: dict, source: str) -> dict:
     return {k: _check(k, v, source) for k, v in kwargs.items()}
 
 
+def _without(layers: tuple, names) -> tuple:
+    """The layers with ``names`` gone from those not in force as a ``with`` block."""
+    out = []
+    for layer in layers:
+        if not layer.entered:
+            layer = layer._replace(values={k: v for k, v in layer.values.items() if k not in names})
+        out.append(layer)
+    return _compact(tuple(out))
+
+
 def set(**kwargs) -> None:  # noqa: A001 (KvikIO's name)
-    """Set values process-wide (above the environment, below active overrides)."""
+    """Set values process-wide: above the environment, below ``with override(...)`` blocks in
+    progress; it replaces what an earlier override() call without ``with`` gave them."""
     values = _validate(kwargs, "phoenix.settings.set")
-    with _lock:
-        _base.update(values)
+    _publish(lambda st: _State({**st.base, **values}, _without(st.layers, values)))
 
 
 def reset() -> None:
-    """Forget set() values (overrides in progress stay until their block ends)."""
-    with _lock:
-        _base.clear()
+    """Forget set() values and those of override() calls made without ``with``
+    (``with`` blocks in progress keep theirs until they end)."""
+    _publish(lambda st: _State({}, _compact(tuple(layer for layer in st.layers if layer.entered))))
 
 
-@contextlib.contextmanager
-def override(**kwargs) -> Iterator[Settings]:
-    """``with override(threads=8, chunk_size="16M"): ...`` -- values for the block, then back."""
-    layer = _validate(kwargs, "phoenix.settings.override")
-    with _lock:
-        _overrides.append(layer)
-    try:
-        yield get()
-    finally:
-        with _lock:
-            # remove this block's layer (blocks may end out of order across threads)
-            for i in range(len(_overrides) - 1, -1, -1):
-                if _overrides[i] is layer:
-                    del _overrides[i]
-                    break
+class Override:
+    """What :func:`override` returns: its values are in force from the call on; as a context
+    manager, until the ``with`` block ends (its ``as`` target: the settings then)."""
+
+    def __init__(self, values: dict):
+        self._values = values
+        self._ref = weakref.ref(self)
+        layer = _Layer(self._ref, values, False)
+        _publish(lambda st: _State(st.base, _compact(st.layers) + (layer,)))
+
+    def _mine(self, layer: _Layer) -> bool:
+        return layer.owner is self._ref
+
+    def __enter__(self) -> Settings:
+        def change(st: _State) -> _State:
+            if any(self._mine(layer) and layer.entered for layer in st.layers):
+                raise RuntimeError("this override is in force in a with block already: make another override()")
+            # on top, whole: a set() since the call may have taken some of its values
+            others = tuple(layer for layer in st.layers if not self._mine(layer))
+            return _State(st.base, _compact(others) + (_Layer(self._ref, self._values, True),))
+
+        _publish(change)
+        return get()
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
+
+    def restore(self) -> None:
+        """Take these values back (what the end of a ``with`` block does): for an override()
+        called without ``with``. Restoring twice, or one a set() replaced, does nothing."""
+        _publish(lambda st: _State(st.base, tuple(layer for layer in st.layers if not self._mine(layer))))
+
+    def __repr__(self) -> str:
+        return f"phoenix.settings.override({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
+
+
+def override(**kwargs) -> Override:
+    """``with override(threads=8, chunk_size="16M"): ...`` -- values for the block, then back.
+
+    Checks its arguments and applies them at the call (a bad name or value raises here);
+    called without ``with``, they stay (see the module's notes)."""
+    return Override(_validate(kwargs, "phoenix.settings.override"))
 
 
 def describe() -> list[dict]:
