@@ -214,6 +214,11 @@ def file_error(err: int, file, offset, length, what: str) -> PhxIOError:
                 reason = f"the file is opened write-only ({mode!r}); open it with 'r' or 'r+' to read"
     elif err == _errno.EIO or (err in _PARTIAL and write):
         reason = _partial_reason(err, write)
+    elif err == _errno.ECHILD:
+        reason = (
+            "the I/O was started by the parent process before fork(): its threads are not in this "
+            "process, which cannot wait for it or see its bytes; start the I/O again here"
+        )
     return PhxIOError(err, path, offset, length, what, reason=reason)
 
 

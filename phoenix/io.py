@@ -68,6 +68,17 @@ meanwhile), and memory the CPU or the disk writes directly waits for it on the h
 vendor without events makes phoenix synchronize the caller's stream before it submits
 (``phx info``, "caller_stream", says which). :mod:`phoenix.streams` finds the stream.
 
+Interruption: a call that raises (KeyboardInterrupt, a signal handler's exception, a
+timeout by ``signal.alarm``) or returns owns nothing any more. Every request a blocking
+call submitted is waited for, in C, before its exception reaches the caller, so no byte of
+the destination or the file changes afterwards, and the buffers it exported (a bytearray)
+are let go; a future's requests are waited for when the last future of its call goes; a
+stream-ordered call queues its op in C as its last step, so a call that raised queued
+nothing. Files and engines count their users in C (``phoenix._phxcore``), and the locks a
+signal handler may re-enter are reentrant: a handler may do phoenix I/O itself. After
+``fork()`` the child starts engines of its own; I/O the parent started is not waited for
+there (its futures say so: ECHILD).
+
 Errors: :class:`~phoenix.errors.PhxIOError` (an OSError) naming the file, the offset
 and the length; a short read at end of file is a count, not an error. A request moves in
 chunks that run in parallel: after ENOSPC, EDQUOT, EFBIG or EIO other chunks of it may have

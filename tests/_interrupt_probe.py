@@ -67,15 +67,20 @@ class Memory:
         if kind == "host":
             self.arr = np.empty(n, np.uint8)
             self.obj = self.arr
+        elif kind == "bytearray":  # resizable: exported while any request of a call uses it
+            self.ba = bytearray(n)
+            self.obj = self.ba
         else:
             from phoenix.registry import get_runtime
 
-            self.rt = get_runtime("host")
+            self.rt = get_runtime("host")  # (the host vendor's device arena)
             self.ptr = self.rt.device_alloc(n)
             self.obj = (self.ptr, n)
 
     def fill(self, data: np.ndarray) -> None:
-        if self.kind == "host":
+        if self.kind == "bytearray":
+            self.ba[:] = data.tobytes()
+        elif self.kind == "host":
             self.arr[:] = data
         else:
             from phoenix.vendor import CopyKind
@@ -83,6 +88,8 @@ class Memory:
             self.rt.memcpy(self.ptr, data.ctypes.data, data.nbytes, CopyKind.HOST_TO_DEVICE)
 
     def get(self) -> np.ndarray:
+        if self.kind == "bytearray":
+            return np.frombuffer(bytes(self.ba), np.uint8)
         if self.kind == "host":
             return self.arr.copy()
         from phoenix.vendor import CopyKind
@@ -138,7 +145,7 @@ class Source:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("kind", choices=KINDS)
-    ap.add_argument("--memory", default="host", choices=("host", "device"))
+    ap.add_argument("--memory", default="host", choices=("host", "device", "bytearray"))
     ap.add_argument("--source", default="itimer", choices=("itimer", "thread", "kbd"))
     ap.add_argument("--trials", type=int, default=40)
     ap.add_argument("--seed", type=int, default=1)
@@ -215,6 +222,12 @@ def main() -> int:
                 out["max_changed"] = max(out["max_changed"], changed)
             if not ok.all():
                 out["garbage"] += 1
+            if args.memory == "bytearray":  # no export may outlive the call that raised
+                try:
+                    mem.ba.append(0)
+                    del mem.ba[-1]
+                except BufferError:
+                    out["still_exported"] = out.get("still_exported", 0) + 1
     signal.signal(signal.SIGALRM, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     # nothing left counted, nothing left live, and another thread's read finishes

@@ -42,6 +42,7 @@ def _check_clean(out: dict) -> None:
     assert out["file_users"] == 0 and out["engine_users"] == 0, f"users left counted: {out}"
     assert out["other_thread_read"], "a read from another thread did not finish after the interruptions"
     assert out["live"] == {"requests": 0, "stream_ops": 0, "files": 0}, out["live"]
+    assert out.get("still_exported", 0) == 0, "a bytearray stayed exported (unresizable) after the call raised"
 
 
 CASES = [
@@ -60,6 +61,8 @@ CASES = [
     ("read_async", "device", "itimer"),
     ("read_async", "host", "kbd"),
     ("write_async", "device", "thread"),
+    ("read_many", "bytearray", "itimer"),
+    ("batch_read", "bytearray", "thread"),
     ("open_close", "host", "itimer"),
     ("register", "host", "itimer"),
     ("register", "device", "thread"),
