@@ -55,7 +55,7 @@ class IOFuture:
         self._value = None
         self._error = error
         self._done = group is None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # (a signal handler may wait on it meanwhile)
 
     @classmethod
     def failed(cls, error: BaseException, what: str = "") -> IOFuture:

@@ -32,6 +32,7 @@ import ctypes
 import operator
 import os
 import threading
+import weakref
 
 from .checks import I64_MAX
 from .cudalike_pointers import (
@@ -196,7 +197,9 @@ class CudaLikeRuntime(PointerQueries, VendorRuntime):
         if not probe.usable:
             raise VendorUnavailable(f"{self.name}: {probe.reason}")
         self.rt: Shim = self.bind()
-        self._lock = threading.Lock()
+        # reentrant: a signal handler that does I/O may query pointers while the interrupted
+        # code holds them; made again in a forked child (_after_fork_in_child)
+        self._lock = threading.RLock()
         self._streams: set[int] = set()  # created here, destroyed by close()
         # destroyed here and not handed out again: refused, since CUDA-shaped handles are
         # pointers and the runtime itself would crash on them
@@ -204,7 +207,8 @@ class CudaLikeRuntime(PointerQueries, VendorRuntime):
         self._host_ranges: dict[int, int] = {}  # pinned allocations and registrations made here
         self._dev_bases: list[int] = []  # sorted bases of the device allocations made here
         self._dev_sizes: dict[int, int] = {}  # base -> size
-        self._layout_lock = threading.Lock()
+        self._layout_lock = threading.RLock()
+        _live.add(self)
         self.pointer_layout: dict | None = None  # decided at the first pointer query
         self._memory_types = CUDA_MEMORY_TYPES
         self._type_field = "type"
@@ -734,3 +738,16 @@ class CudaLikeRuntime(PointerQueries, VendorRuntime):
         for stream in streams:
             with contextlib.suppress(VendorError):  # already destroyed elsewhere
                 self.rt.stream_destroy(ctypes.c_void_p(stream))
+
+
+#: every CUDA-shaped runtime made in this process (their locks are made again after fork)
+_live: weakref.WeakSet = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for rt in list(_live):  # (a thread of the parent may have held them at the fork)
+        rt._lock = threading.RLock()
+        rt._layout_lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -338,14 +338,14 @@ class Device:
 
 
 _devices: dict[tuple[str, int], Device] = {}
-_lock = threading.Lock()
+_lock = threading.RLock()
 
 
 def _after_fork_in_child() -> None:
     # The parent's files are useless here (EPERM) and would keep its mappings pinned
     # until this process exits: close our copies.
     global _lock
-    _lock = threading.Lock()
+    _lock = threading.RLock()
     for d in _devices.values():
         d.close()
     _devices.clear()

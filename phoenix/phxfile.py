@@ -159,7 +159,7 @@ class _Class(ctypes.Structure):
 
 
 CORE_ABI = 1
-_lock = threading.Lock()
+_lock = threading.RLock()
 _runtime = None  # the vendor runtime the open driver uses (kept alive while it is open)
 
 
@@ -167,7 +167,7 @@ def _after_fork_in_child() -> None:
     # libphxfile's child handler closes the driver in the child (its first call opens one of
     # its own); a lock another thread of the parent held at the fork would stay held
     global _lock
-    _lock = threading.Lock()
+    _lock = threading.RLock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
