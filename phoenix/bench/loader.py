@@ -36,7 +36,8 @@ from phoenix.settings import get as settings
 from phoenix.settings import override
 
 from . import fastdev
-from .files import drop_cache, settings_env, warm_cache
+from .args import check_device
+from .files import BenchFiles, drop_cache, settings_env, warm_cache
 from .loader_peers import fastsafetensors_impl, safetensors_impl
 from .raw import raw_transfer
 from .sweep import SWEEP_CHUNKS, config_text, select_sweep
@@ -478,6 +479,25 @@ def resolve_device(device: str) -> str:
     )
 
 
+def check_device_arg(device: str) -> None:
+    """Refuse a device ordinal that is not there (``phx:N``: the vendor's devices; ``cuda:N``:
+    torch's), naming --device, before any file is made."""
+    kind, _, num = device.partition(":")
+    if not num:
+        return
+    n = int(num)
+    if kind == "phx":
+        check_device(vendor_runtime(), n, given=device)
+        return
+    torch = _torch()
+    if kind == "cuda" and torch is not None and torch.cuda.is_available() and n >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise ValueError(
+            f"--device {device}: torch sees {count} CUDA device{'s' if count != 1 else ''} (cuda:0 to "
+            f"cuda:{count - 1}); pick one of them"
+        )
+
+
 def add_parser(sub) -> None:
     """``phx bench loader [FILE]``: called from phoenix.bench.cli.add_parser."""
     b = sub.add_parser(
@@ -589,6 +609,7 @@ def main(args) -> int:
     if not fast and not args.file:
         raise ValueError("give a .safetensors FILE (--make SIZE writes one there), or --fast-device SIZE --make SIZE")
     src, name, need = placement(args) if fast else (None, args.file, 0)
+    check_device_arg(args.device)
     device = resolve_device(args.device)
     if args.device != device:
         print(
@@ -613,18 +634,25 @@ def main(args) -> int:
                 make_bench_file(path, args.make)
             res = bench(path, device, args.reps, storage=fastdev.LABEL, fast_device=args.fast_device_info, **opts)
     else:
-        if args.make and not os.path.exists(args.file):
-            make_bench_file(args.file, args.make)
         if os.path.isdir(args.file):
             raise IsADirectoryError(errno.EISDIR, f"{args.file}: is a directory; give a .safetensors file")
-        if not os.path.isfile(args.file):
+        if not args.make and not os.path.isfile(args.file):
             raise FileNotFoundError(
                 errno.ENOENT,
                 f"{args.file}: no such file; give a .safetensors file, or --make SIZE "
                 "(e.g. --make 1G) to write one there first",
             )
-        read_header(args.file)  # a file that is no safetensors is refused before any timing
-        res = bench(args.file, device, args.reps, **opts)
+        # the file is only read (an existing one of any kind, the user's too, as it is); one
+        # --make writes is the bench's, removed if the writing fails or is interrupted; locked
+        # for the run either way (two benches on one file measure each other)
+        with BenchFiles("phx bench loader") as files:
+            made = not os.path.exists(args.file)
+            need = bench_file_bytes(args.make) if made else 0
+            files.claim(args.file, 0, "FILE", write=made, fill=False, need=need, size_option="--make")
+            if made:
+                make_bench_file(args.file, args.make)
+            read_header(args.file)  # a file that is no safetensors is refused before any timing
+            res = bench(args.file, device, args.reps, **opts)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
