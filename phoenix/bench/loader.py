@@ -384,9 +384,13 @@ def report(res: dict) -> None:
         )
     print(
         "  (GB/s: bytes loaded / seconds, 1 GB = 10^9 bytes, median of the interleaved repetitions; cold: the page "
-        "cache dropped first, warm: the file in it; raw_odirect: an O_DIRECT read of the file into host memory, the "
-        "storage limit"
-        + (", at the best configuration of the sweep, re-measured with the others" if best else "")
+        "cache dropped first, warm: the file in it; raw_odirect: an O_DIRECT read of the file into host memory at the "
+        "configuration named in its row"
+        + (
+            ", the best of the sweep, re-measured with the others"
+            if best
+            else " (one configuration of the device, not its limit: --raw-sweep looks for the fastest)"
+        )
         + "; x raw: GB/s / raw_odirect's; a ratio above 1: phxloader faster)"
     )
     print(f"  storage: {res['storage']}")
