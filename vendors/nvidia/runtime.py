@@ -70,12 +70,31 @@ class Runtime(CudaLikeRuntime):
         return places + [(p, p) for p in sorted(glob.glob("/usr/local/cuda-*/lib64/libcudart.so*"), reverse=True)]
 
     @classmethod
+    def _check_driver(cls, handle, details: dict) -> str | None:
+        why = super()._check_driver(handle, details)
+        if why is None:
+            return None
+        # what to do, as the other vendors' reasons say it
+        if "not on the loader path" in why:
+            return (
+                f"{why}. Install the NVIDIA driver (it provides {cls.driver_library}), or put the directory "
+                "holding it on LD_LIBRARY_PATH; PHX_NVIDIA_LIBRARY names the libcudart to use"
+            )
+        return f"{why}. Is the NVIDIA kernel driver loaded (nvidia-smi)? Reinstall the driver if it is not"
+
+    @classmethod
     def check_runtime(cls, handle, details: dict) -> str | None:
         rver, dver = details["runtime_version"] or 0, details["driver_version"] or 0
         if details["emulated"]:
             return None
         if rver < MIN_RUNTIME:
-            return f"CUDA runtime {details['library']} is version {rver}, older than {MIN_RUNTIME} (needs cudaLaunchHostFunc)"
+            return (
+                f"CUDA runtime {details['library']} is version {rver}, older than {MIN_RUNTIME} (needs "
+                "cudaLaunchHostFunc): install CUDA 10 or newer, or set PHX_NVIDIA_LIBRARY to a newer libcudart"
+            )
         if rver // 1000 > dver // 1000:
-            return f"driver supports CUDA {dver} but runtime {details['library']} is {rver}: driver too old"
+            return (
+                f"driver supports CUDA {dver} but runtime {details['library']} is {rver}: driver too old; update "
+                f"the NVIDIA driver, or set PHX_NVIDIA_LIBRARY to a libcudart of CUDA {dver // 1000} or older"
+            )
         return None
