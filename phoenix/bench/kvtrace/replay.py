@@ -134,6 +134,8 @@ class Replayer:
                 f"{args.hbm // self.bb}: raise --hbm, or lower --token-scale"
             )
         slab_paths = Slab.parse(args.slab)  # refused before any memory is allocated
+        if not getattr(args, "fast_device", None):  # (on fast devices the slab is made afresh)
+            Slab.refuse_foreign(slab_paths)
         if rt is None:
             if phoenix.settings.effective("vendor") in ("nvidia", "auto") and args.compute in ("auto", "torch"):
                 try:  # torch first: the nvidia port then shares torch's libcudart

@@ -231,14 +231,20 @@ class Slab:
 
     def move(self, path) -> None:
         """Put the slab at ``path`` (one file, a comma-separated list or a list: one per lane)
-        instead, before :meth:`create`: e.g. on fast devices. An existing file there that is not
-        the bench's (a slab an earlier run kept is) is refused now: the slab is written over and
-        removed at the end, and a file of the user's is never changed."""
+        instead, before :meth:`create`: e.g. on fast devices."""
         self.close()
         self.paths = self.parse(path)
         self.hist_paths = [p + ".history" for p in self.paths]
-        for p in self.all_paths():
-            refuse_foreign(p, "--slab", TOOL)
+
+    @staticmethod
+    def refuse_foreign(paths: list[str]) -> None:
+        """Refuse now, before the tiers are allocated, a slab path (or its ``.history``) where an
+        existing file is not the bench's (a slab an earlier run kept is): the slab is written
+        over and removed at the end, and a file of the user's is never changed (:meth:`create`
+        claims them, refusing the same)."""
+        for p in paths:
+            for q in (p, p + ".history"):
+                refuse_foreign(q, "--slab", TOOL)
 
     def check_space(self) -> None:
         """Refuse, before writing anything, a slab its file systems cannot hold (lanes that
