@@ -130,6 +130,11 @@ def test_failure_exits_nonzero_with_reason(tmp_path):
     copies = next(c for c in report["capabilities"] if c["capability"] == "copies")
     assert "bytes wrong" in copies["reason"], copies["reason"]
     assert "## Failures" in (tmp_path / "conformance-short_copy.md").read_text()
+    # -q's lines per reason count the failed tests, not those -k deselected ("not run")
+    tail = proc.stdout.partition("\nfailures: ")[2]
+    counts = [int(m) for m in re.findall(r"^ +(\d+) tests? ", tail, re.M)]
+    assert counts and sum(counts) == sum(t["outcome"] == "failed" for t in report["tests"]), tail
+    assert "not run" not in tail
 
 
 HANGS = """
