@@ -495,6 +495,26 @@ def test_size_and_list_types():
             ["--write-chunk 64 MiB", "larger than --write-size 8 MiB"],
         ),
         (
+            [
+                "loader",
+                "{w}.safetensors",
+                "--make",
+                "8M",
+                "--device",
+                "cpu",
+                "--raw-sweep",
+                "--sweep-threads",
+                "4,2000",
+            ],
+            "phx bench loader",
+            ["--sweep-threads", "'2000'", "between 1 and 1024"],
+        ),
+        (
+            ["loader", "{w}.safetensors", "--make", "8M", "--device", "cpu", "--raw-sweep", "--sweep-chunks", "1M,3"],
+            "phx bench loader",
+            ["--sweep-chunks", "'3'", "multiple of 4096"],
+        ),
+        (
             ["loader", "{w}.safetensors", "--make", "8M", "--device", "phx:9"],
             "phx bench loader",
             ["--device phx:9", "vendor host has"],

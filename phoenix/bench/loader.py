@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from phoenix.cli._run import comma_list, output_file, positive_int, positive_size, vendor_runtime
+from phoenix.cli._run import comma_list, output_file, positive_int, positive_size, setting, vendor_runtime
 from phoenix.phxloader import ALIGN, DEFAULT_CHUNK, DEFAULT_DEPTH, DTYPES, load_file, read_header, save_file
 from phoenix.settings import get as settings
 from phoenix.settings import override
@@ -545,14 +545,14 @@ def add_parser(sub) -> None:
     )
     b.add_argument(
         "--sweep-threads",
-        type=comma_list(item=positive_int),
+        type=comma_list(item=setting("threads", "the raw reference's threads")),
         default=list(SWEEP_THREADS),
         metavar="N[,N...]",
         help="the sweep's thread counts (default 4,8,16,32; phoenix's own threads x chunk size is always added)",
     )
     b.add_argument(
         "--sweep-chunks",
-        type=comma_list(item=positive_size),
+        type=comma_list(item=setting("chunk_size", "the raw reference's chunk")),
         default=list(SWEEP_CHUNKS),
         metavar="SIZE[,SIZE...]",
         help="the sweep's chunk sizes (default 1M,4M,16M)",
