@@ -6,7 +6,7 @@ ABI. LMCache finds it with ``ctypes.util.find_library("phxfile")`` and falls bac
 ``ctypes.CDLL("libphxfile.so")``: either works once the library's directory is on the
 loader path (``LD_LIBRARY_PATH``), or registered with ``ldconfig``. Ask where::
 
-    $ python -m phoenix.phxfile            # what to set, and whether it is found now
+    $ .venv/bin/python -I -m phoenix.phxfile  # what to set, whether it is found now (exit 0: found)
     >>> phoenix.phxfile.library_path()     # the built library
     >>> print(phoenix.phxfile.env_hint())
 
@@ -25,6 +25,7 @@ import ctypes.util
 import errno as _errno
 import logging
 import os
+import sys
 import threading
 
 _log = logging.getLogger(__name__)  # "phoenix.phxfile": unconfigured, errors still reach stderr
@@ -77,16 +78,46 @@ def found_by_loader() -> str | None:
     return LIBNAME
 
 
+def _where() -> str:
+    """Which installation this is: the interpreter, and where it imported phoenix from (a
+    checkout's source tree in the working directory shadows an installed phoenix for
+    ``python -m``)."""
+    pkg = os.path.dirname(os.path.abspath(__file__))
+    text = f"phoenix imported by {sys.executable} from {pkg}"
+    try:
+        here = os.path.commonpath([os.getcwd(), pkg]) == os.getcwd()
+    except ValueError:
+        here = False
+    if here:
+        text += " (the current directory's source tree: `python -m` puts it first on the path; `python -I` does not)"
+    return text
+
+
+def _vendors() -> str:
+    """PHX_VENDOR's values here: the vendors discovery finds (never a list written down)."""
+    try:
+        from phoenix import registry
+
+        names = list(registry.discover())
+    except Exception:
+        names = []
+    return "|".join(["auto", *names, "<port>"])
+
+
 def env_hint() -> str:
-    """What to set so that LMCache (``ctypes.util.find_library("phxfile")``) finds the library."""
+    """What to set so that LMCache (``ctypes.util.find_library("phxfile")``) finds the library,
+    and which installation was looked in."""
     try:
         path = library_path()
     except FileNotFoundError as exc:
-        return f"libphxfile: {exc}"
+        return (
+            f"libphxfile: {exc}\n  looked in {_where()}\n  if phoenix is installed in another environment "
+            "(a venv), run its interpreter, isolated from the working directory: <venv>/bin/python -I -m phoenix.phxfile"
+        )
     d = os.path.dirname(path)
     found = found_by_loader()
     on_path = d in [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
-    lines = [f"libphxfile: {path}"]
+    lines = [f"libphxfile: {path}", f"  ({_where()})"]
     if found and on_path:
         lines.append(f"  found by the loader as {found!r} (LD_LIBRARY_PATH has {d})")
     elif found:
@@ -100,8 +131,7 @@ def env_hint() -> str:
         lines.append(f"  export LD_LIBRARY_PATH={d}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}")
         lines.append(f"  (or system-wide, as root: echo {d} > /etc/ld.so.conf.d/phoenix.conf && ldconfig)")
     lines.append(
-        "  the vendor is PHX_VENDOR's (auto|host|nvidia|metax|<port>); PHX_MODE and the PHX_* pool "
-        "settings apply when the driver opens"
+        f"  the vendor is PHX_VENDOR's ({_vendors()}); PHX_MODE and the PHX_* pool settings apply when the driver opens"
     )
     return "\n".join(lines)
 
@@ -272,8 +302,15 @@ def _c_close(*_unused) -> int:
 
 
 def main() -> int:
+    """``python -m phoenix.phxfile``: what to set; exit status 0 where LMCache's lookup finds a
+    libphxfile now, 1 where it does not or this installation has none built (a script can
+    check before starting LMCache)."""
     print(env_hint())
-    return 0
+    try:
+        library_path()
+    except FileNotFoundError:
+        return 1
+    return 0 if found_by_loader() else 1
 
 
 if __name__ == "__main__":

@@ -192,6 +192,72 @@ def test_plot_panels(tmp_path):
     assert plot([], str(tmp_path / "q.png")) == "no records to plot"
 
 
+def _rec(op, impl, threads, gbps, chunk=16 << 20, **kw):
+    return dict(
+        op=op,
+        impl=impl,
+        threads=threads,
+        gbps=gbps,
+        cpu_s_per_gb=0.1,
+        vendor="host",
+        test_double=True,
+        chunk=chunk,
+        size=1 << 30,
+        warm=False,
+        cache="cold",
+        **kw,
+    )
+
+
+def _row(table: str, op: str, impl: str) -> str:
+    return next(ln for ln in table.splitlines() if ln.split()[:1] == [op] and ln.split()[3] == impl)
+
+
+def test_table_names_its_reference_and_never_calls_it_the_storage_limit():
+    """The reference is raw O_DIRECT at one configuration, named in its row: a ratio above 1 beats
+    that configuration, not "the storage limit"; the legend says which."""
+    from phoenix.bench.report import IMPLS, legend, table
+
+    recs = [_rec("read", "raw_odirect", 4, 2.0), _rec("read", "phoenix", 4, 2.2)]
+    text = table(recs)
+    assert "[reference: raw at 4 threads x 16 MiB]" in _row(text, "read", "raw_odirect")
+    assert "1.100x" in _row(text, "read", "phoenix")
+    assert "storage limit" not in text + legend(recs) + " ".join(IMPLS.values())
+
+
+def test_the_swept_reference_is_the_fastest_raw_figure_with_its_own_threads():
+    """raw_best's row showed the group's thread count (4) beside its 32-thread configuration,
+    and came out below raw_odirect measured beside it; the reference is the fastest raw figure
+    measured, each row its own concurrency."""
+    from phoenix.bench.report import table
+
+    best = _rec("read", "raw_best", 32, 1.8, config="32 threads x 4 MiB", best_of=16, chunk=4 << 20)
+    recs = [best, _rec("read", "raw_odirect", 4, 2.0), _rec("read", "phoenix", 4, 2.2)]
+    text = table(recs)
+    assert _row(text, "read", "raw_best").split()[2] == "32"
+    assert "reference: the fastest raw O_DIRECT configuration measured" in _row(text, "read", "raw_odirect")
+    assert "1.100x" in _row(text, "read", "phoenix")  # against raw_odirect's 2.0, not raw_best's 1.8
+    best["gbps"] = 2.5
+    text = table(recs)
+    assert "of 16 swept, 32 threads x 4 MiB" in _row(text, "read", "raw_best")
+    assert "0.880x" in _row(text, "read", "phoenix")
+
+
+def test_writes_faster_than_the_reads_are_flagged():
+    """A cold write at twice the cold read rate was a write-back cache's, not the device's."""
+    from phoenix.bench.report import legend, table
+
+    recs = [
+        _rec("read", "raw_odirect", 4, 2.0),
+        _rec("write", "raw_odirect", 4, 4.0),
+        _rec("write", "phoenix", 4, 2.1),
+    ]
+    text = table(recs)
+    assert "2.0x the cold reads: a write-back cache" in _row(text, "write", "raw_odirect")
+    assert "write-back" not in _row(text, "write", "phoenix")
+    assert "fsync" in legend(recs)
+
+
 def test_interleaved_rotates_the_order():
     """Each repetition starts one implementation further along (ABC BCA CAB), so that a
     disk drifting one way favours none; every figure stays with its implementation."""

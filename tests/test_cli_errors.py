@@ -123,21 +123,21 @@ def test_read_only_directory(tmp_path, modes_hold):
     assert_one_line(p, "phx bench", "--file", "cannot create", "read-only", "writable directory")
 
 
-def test_read_only_file_keeps_the_reads(tmp_path, modes_hold):
-    """The reads run, then the write is refused: the reads' records are printed and written."""
+def test_read_only_bench_file_is_refused_before_any_work(tmp_path, modes_hold):
+    """A file the bench made, made read-only since: a run that writes it is refused at once
+    (not after its reads), naming --ops read; the file is left as it was."""
     path = tmp_path / "b.bin"
-    path.write_bytes(os.urandom(8 << 20))
+    p = _run_cmd(PHX + ["bench", "--file", str(path), "--ops", "read", *SMALL])
+    assert p.returncode == 0, p.stderr
+    before = (path.read_bytes(), path.stat().st_mtime_ns)
     path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
     out = tmp_path / "b.json"
     p = _run_cmd(
         PHX + ["bench", "--file", str(path), "--ops", "read,write", "--json", str(out), *SMALL], preexec_fn=modes_hold
     )
     assert_one_line(p, "phx bench", "--file", "read-only", "--ops read")
-    recs = json.loads(out.read_text())
-    assert recs and {r["op"] for r in recs} == {"read"}, recs
-    assert {r["impl"] for r in recs} >= {"raw_odirect", "phoenix"}
-    assert all("meta" in r for r in recs)
-    assert "stopped by an error" in p.stdout and "read      cold" in p.stdout and "columns:" in p.stdout
+    assert p.stdout == "" and not out.exists()
+    assert (path.read_bytes(), path.stat().st_mtime_ns) == before
 
 
 # ---- output destinations: checked before the run, not at its end -----------------------------------
@@ -220,15 +220,40 @@ def test_bad_options_are_refused_in_one_line(argv, names):
 @pytest.mark.parametrize(
     "argv,names",
     [
-        (["--ops", "randread", "--qd", "99999999999999"], ["--qd 99999999999999", "between 1 and 4096"]),
-        (["--ops", "randread", "--size", "1M", "--random-bs", "2M"], ["--random-bs 2097152", "larger than --size"]),
-        (["--ops", "randread", "--random-bs", "4097"], ["--random-bs 4097", "multiple of 4096"]),
+        (["--ops", "randread", "--qd", "99999999999999"], ["--qd", "between 1 and 1024", "a thread per read"]),
+        (["--ops", "randread", "--qd", "2000"], ["--qd", "'2000'", "between 1 and 1024"]),
+        (
+            ["--ops", "randread", "--size", "1M", "--chunk", "1M", "--random-bs", "2M"],
+            ["--random-bs 2097152", "larger than --size"],
+        ),
+        (["--ops", "randread", "--random-bs", "4097"], ["--random-bs", "'4097'", "4096-byte units", "4096 or 8192"]),
+        (["--size", "-1G"], ["--size", "'-1G'", "cannot be negative"]),
+        (["--chunk", "-4K"], ["--chunk", "'-4K'", "cannot be negative"]),
+        (["--threads", "-1,2"], ["--threads", "'-1'", "at least 1"]),
+        (["--size", "1000001"], ["--size", "'1000001'", "4096-byte units", "999424 or 1003520"]),
+        (["--chunk", "3"], ["--chunk", "'3'", "multiple of 4096 between 4K and 1G", "chunk_size"]),
+        (["--threads", "1,2000"], ["--threads", "'2000'", "between 1 and 1024"]),
+        (["--sweep-threads", "4,5000"], ["--sweep-threads", "'5000'", "between 1 and 1024", "raw reference"]),
+        (["--random-threads", "0"], ["--random-threads", "at least 1"]),
+        (["--device", "-1"], ["--device", "'-1'", "0 or more"]),
+        (["--chunk", "1G", "--size", "64M"], ["--chunk 1 GiB", "larger than --size 64 MiB", "at most --size"]),
+        (["--size", "8M", "--chunk", "4M", "--threads", "4"], ["--threads 4", "2 chunks", "2 or fewer"]),
+        (
+            ["--size", "8M", "--chunk", "4M", "--threads", "1", "--sweep-chunks", "1M,16M"],
+            ["--sweep-chunks 16 MiB", "--size 8 MiB"],
+        ),
+        (["--size", "100T"], ["--size 100 TiB", "device 0's memory", "lower --size"]),
+        (["--device", "7"], ["--device 7", "vendor host has", "pick one of them"]),
     ],
 )
 def test_options_that_cannot_work_together_are_refused_before_any_work(tmp_path, argv, names):
+    """Each said in one line naming the option and what is valid, when the command line is read:
+    never the vendor's error, ``phoenix.settings.override``, or argparse's "expected one argument"
+    for a negative value; a list's every item is checked before any of it runs."""
     p = _run_cmd(PHX + ["bench", "--file", str(tmp_path / "b.bin"), "--reps", "1", "--quiet", *argv])
-    assert_one_line(p, "phx bench", *names)
-    assert not (tmp_path / "b.bin").exists()
+    line = assert_one_line(p, "phx bench", *names)
+    assert "phoenix.settings" not in line and "expected one argument" not in line and "phxh" not in line
+    assert p.stdout == "" and not list(tmp_path.iterdir()), "work was done before the refusal"
 
 
 def test_unknown_option_and_command():
@@ -453,3 +478,93 @@ def test_size_and_list_types():
     with pytest.raises(argparse.ArgumentTypeError, match="'raed' is not one of read, write"):
         parse("raed")
     assert _run.comma_list(item=_run.positive_int)("1,4,16") == [1, 4, 16]
+
+
+# ---- the same refusals in the other benches -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, prog, names",
+    [
+        (["loadlat", "--threads", "2000"], "phx bench loadlat", ["--threads", "'2000'", "between 1 and 1024"]),
+        (["loadlat", "--size", "-1G"], "phx bench loadlat", ["--size", "cannot be negative"]),
+        (["loadlat", "--device", "9"], "phx bench loadlat", ["--device 9", "vendor host has"]),
+        (
+            ["loadlat", "--size", "8M", "--block", "1M", "--write-size", "8M", "--write-chunk", "64M"],
+            "phx bench loadlat",
+            ["--write-chunk 64 MiB", "larger than --write-size 8 MiB"],
+        ),
+        (
+            [
+                "loader",
+                "{w}.safetensors",
+                "--make",
+                "8M",
+                "--device",
+                "cpu",
+                "--raw-sweep",
+                "--sweep-threads",
+                "4,2000",
+            ],
+            "phx bench loader",
+            ["--sweep-threads", "'2000'", "between 1 and 1024"],
+        ),
+        (
+            ["loader", "{w}.safetensors", "--make", "8M", "--device", "cpu", "--raw-sweep", "--sweep-chunks", "1M,3"],
+            "phx bench loader",
+            ["--sweep-chunks", "'3'", "multiple of 4096"],
+        ),
+        (
+            ["loader", "{w}.safetensors", "--make", "8M", "--device", "phx:9"],
+            "phx bench loader",
+            ["--device phx:9", "vendor host has"],
+        ),
+        (["kv-trace", "--dry-run", "--slab", "{w}", "--device", "9"], "phx bench kv-trace", ["--device 9"]),
+    ],
+)
+def test_other_benches_refuse_before_any_work(tmp_path, argv, prog, names):
+    work = tmp_path / "w"
+    argv = [a.format(w=work) for a in argv]
+    if argv[0] == "loadlat":
+        argv += ["--file", str(tmp_path / "l.bin"), "--write-file", str(tmp_path / "lw.bin")]
+    p = _run_cmd(PHX + ["bench", *argv])
+    assert_one_line(p, prog, *names)
+    assert not list(tmp_path.iterdir()), "work was done before the refusal"
+
+
+NO_MATPLOTLIB = [
+    sys.executable,
+    "-P",
+    "-c",
+    "import sys; sys.modules['matplotlib'] = None; from phoenix.cli.phx import main; sys.exit(main(sys.argv[1:]))",
+]
+
+
+@pytest.mark.parametrize(
+    "argv, prog",
+    [
+        (["--file", "{w}", *SMALL, "--plot", "{w}.png"], "phx bench"),
+        (["kv-trace", "--dry-run", "--slab", "{w}", "--plot", "{w}.png"], "phx bench kv-trace"),
+        (["kv-trace", "plot", "{w}.json", "--out", "{w}.png"], "phx bench kv-trace plot"),
+    ],
+)
+def test_plot_without_matplotlib_is_refused_when_the_command_line_is_read(tmp_path, argv, prog):
+    """Not after the run, with a note and exit status 0."""
+    work = tmp_path / "w"
+    argv = [a.format(w=work) for a in argv]
+    p = _run_cmd(NO_MATPLOTLIB + ["bench", *argv])
+    option = "--out" if "plot" in argv[:2] else "--plot"
+    assert_one_line(p, prog, option, "matplotlib", "pip install")
+    assert not list(tmp_path.iterdir()), "work was done before the refusal"
+
+
+def test_help_lists_every_vendor_found():
+    """``phx --help`` names PHX_VENDOR's values as discovery finds them (amd, a port on
+    PHX_VENDOR_PATH), not a list written down."""
+    from phoenix import registry
+
+    p = _run_cmd(PHX + ["--help"])
+    assert p.returncode == 0, p.stderr
+    text = " ".join(p.stdout.split())
+    for name in registry.discover():
+        assert name in text, (name, text)

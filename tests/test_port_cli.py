@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -129,6 +130,11 @@ def test_failure_exits_nonzero_with_reason(tmp_path):
     copies = next(c for c in report["capabilities"] if c["capability"] == "copies")
     assert "bytes wrong" in copies["reason"], copies["reason"]
     assert "## Failures" in (tmp_path / "conformance-short_copy.md").read_text()
+    # -q's lines per reason count the failed tests, not those -k deselected ("not run")
+    tail = proc.stdout.partition("\nfailures: ")[2]
+    counts = [int(m) for m in re.findall(r"^ +(\d+) tests? ", tail, re.M)]
+    assert counts and sum(counts) == sum(t["outcome"] == "failed" for t in report["tests"]), tail
+    assert "not run" not in tail
 
 
 HANGS = """
@@ -198,10 +204,52 @@ def test_test_timeout_out_of_range_is_refused_before_the_suite(tmp_path, monkeyp
 
 
 def test_unknown_vendor(tmp_path):
-    proc = phx_port("test", "nosuch", "--report-dir", str(tmp_path))
-    assert proc.returncode == 2
-    assert "unknown vendor 'nosuch'" in proc.stderr and "host" in proc.stderr
+    """The vendors there are, and how to make a port of that name: not advice to set
+    PHX_VENDOR, which phx-port test sets itself from NAME."""
+    from phoenix import registry
+
+    for cmd in (["test", "nosuch", "--report-dir", str(tmp_path)], ["check", "nosuch"]):
+        proc = phx_port(*cmd)
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        assert "'nosuch'" in lines[0] and "phx-port new nosuch" in lines[0] and "phx-port list" in lines[0]
+        assert "PHX_VENDOR" not in lines[0].replace("PHX_VENDOR_PATH", ""), lines[0]
+        for name in registry.discover():
+            assert name in lines[0], (name, lines[0])
     assert not list(tmp_path.iterdir()), "no report for a vendor that does not exist"
+
+
+def test_quiet_prints_the_table_and_a_line_per_reason(tmp_path):
+    """A blank port fails nearly every test: -q prints the table and one line per distinct
+    reason (with its count), not every traceback (the guide shows a table)."""
+    d = tmp_path / "ports"
+    assert phx_port("new", "blank", "--vendors-dir", str(d)).returncode == 0
+    proc = phx_port("test", "blank", "-q", "--report-dir", str(tmp_path / "r"), env_extra={"PHX_VENDOR_PATH": str(d)})
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr
+    out = proc.stdout
+    assert out.startswith("phoenix conformance: vendor blank: FAIL"), out[:500]
+    assert "Traceback" not in out and 'File "' not in out
+    report = json.loads((tmp_path / "r" / "conformance-blank.json").read_text())
+    failed = [t for t in report["tests"] if t["outcome"] == "failed"]
+    assert len(failed) > 100
+    head, _, tail = out.partition("\nfailures: ")
+    assert all(f"{c['capability']} " in head for c in report["capabilities"])
+    reasons = [ln for ln in tail.splitlines()[1:] if re.match(r" +\d+ tests? ", ln)]
+    assert tail.split()[0] == str(len(reasons)) and 1 <= len(reasons) < 40
+    assert sum(int(ln.split()[0]) for ln in reasons) == len(failed)
+    assert "does not implement device_alloc()" in tail and "runtime.py:" in tail
+    assert len(out.splitlines()) < len(report["capabilities"]) + len(reasons) + 20
+    assert str(tmp_path / "r" / "conformance-blank.md") in out
+
+
+def test_report_dir_where_no_file_can_be_made_is_refused_before_the_suite_runs(tmp_path):
+    """/proc: a directory its mode says is writable for root, where no file can be made: found
+    by making one, when the command line is read."""
+    proc = phx_port("test", "host", "-q", "--report-dir", "/proc", timeout=120)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, (proc.returncode, proc.stdout[-2000:], proc.stderr)
+    assert "--report-dir" in lines[0] and "/proc" in lines[0] and "writable directory" in lines[0], lines[0]
+    assert "passed" not in proc.stdout
 
 
 def test_list():

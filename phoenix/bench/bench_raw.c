@@ -1,4 +1,4 @@
-/* Reference transfers for `phx bench`: the storage limit and the naive loop, in C.
+/* Reference transfers for `phx bench`: raw O_DIRECT and the naive loop, in C.
  *
  * Benchmark side, not the data path: built by setup.py as libphxbench.so, a plain shared
  * library of the bench subpackage (phoenix/bench/raw.py loads it with ctypes), never into
@@ -58,7 +58,7 @@ static void *rb_worker(void *arg) {
     struct rb_job *j = arg;
     void *buf = NULL;
     void *stream = NULL;
-    /* Huge-page backed (2 MiB aligned, MADV_HUGEPAGE) so that the storage limit measured here
+    /* Huge-page backed (2 MiB aligned, MADV_HUGEPAGE) so that the raw rate measured here
      * is not lowered by scattered 4 KiB pages: a DMA segment per physically contiguous run,
      * and a virtio/NVMe request takes a bounded number of segments. */
     size_t span = (j->chunk + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);

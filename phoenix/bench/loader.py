@@ -30,13 +30,14 @@ import time
 
 import numpy as np
 
-from phoenix.cli._run import comma_list, output_file, positive_int, positive_size, vendor_runtime
+from phoenix.cli._run import comma_list, output_file, positive_int, positive_size, setting, vendor_runtime
 from phoenix.phxloader import ALIGN, DEFAULT_CHUNK, DEFAULT_DEPTH, DTYPES, load_file, read_header, save_file
 from phoenix.settings import get as settings
 from phoenix.settings import override
 
 from . import fastdev
-from .files import drop_cache, settings_env, warm_cache
+from .args import check_device
+from .files import BenchFiles, drop_cache, settings_env, warm_cache
 from .loader_peers import fastsafetensors_impl, safetensors_impl
 from .raw import raw_transfer
 from .sweep import SWEEP_CHUNKS, config_text, select_sweep
@@ -383,9 +384,13 @@ def report(res: dict) -> None:
         )
     print(
         "  (GB/s: bytes loaded / seconds, 1 GB = 10^9 bytes, median of the interleaved repetitions; cold: the page "
-        "cache dropped first, warm: the file in it; raw_odirect: an O_DIRECT read of the file into host memory, the "
-        "storage limit"
-        + (", at the best configuration of the sweep, re-measured with the others" if best else "")
+        "cache dropped first, warm: the file in it; raw_odirect: an O_DIRECT read of the file into host memory at the "
+        "configuration named in its row"
+        + (
+            ", the best of the sweep, re-measured with the others"
+            if best
+            else " (one configuration of the device, not its limit: --raw-sweep looks for the fastest)"
+        )
         + "; x raw: GB/s / raw_odirect's; a ratio above 1: phxloader faster)"
     )
     print(f"  storage: {res['storage']}")
@@ -478,6 +483,25 @@ def resolve_device(device: str) -> str:
     )
 
 
+def check_device_arg(device: str) -> None:
+    """Refuse a device ordinal that is not there (``phx:N``: the vendor's devices; ``cuda:N``:
+    torch's), naming --device, before any file is made."""
+    kind, _, num = device.partition(":")
+    if not num:
+        return
+    n = int(num)
+    if kind == "phx":
+        check_device(vendor_runtime(), n, given=device)
+        return
+    torch = _torch()
+    if kind == "cuda" and torch is not None and torch.cuda.is_available() and n >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise ValueError(
+            f"--device {device}: torch sees {count} CUDA device{'s' if count != 1 else ''} (cuda:0 to "
+            f"cuda:{count - 1}); pick one of them"
+        )
+
+
 def add_parser(sub) -> None:
     """``phx bench loader [FILE]``: called from phoenix.bench.cli.add_parser."""
     b = sub.add_parser(
@@ -521,14 +545,14 @@ def add_parser(sub) -> None:
     )
     b.add_argument(
         "--sweep-threads",
-        type=comma_list(item=positive_int),
+        type=comma_list(item=setting("threads", "the raw reference's threads")),
         default=list(SWEEP_THREADS),
         metavar="N[,N...]",
         help="the sweep's thread counts (default 4,8,16,32; phoenix's own threads x chunk size is always added)",
     )
     b.add_argument(
         "--sweep-chunks",
-        type=comma_list(item=positive_size),
+        type=comma_list(item=setting("chunk_size", "the raw reference's chunk")),
         default=list(SWEEP_CHUNKS),
         metavar="SIZE[,SIZE...]",
         help="the sweep's chunk sizes (default 1M,4M,16M)",
@@ -589,6 +613,7 @@ def main(args) -> int:
     if not fast and not args.file:
         raise ValueError("give a .safetensors FILE (--make SIZE writes one there), or --fast-device SIZE --make SIZE")
     src, name, need = placement(args) if fast else (None, args.file, 0)
+    check_device_arg(args.device)
     device = resolve_device(args.device)
     if args.device != device:
         print(
@@ -613,18 +638,25 @@ def main(args) -> int:
                 make_bench_file(path, args.make)
             res = bench(path, device, args.reps, storage=fastdev.LABEL, fast_device=args.fast_device_info, **opts)
     else:
-        if args.make and not os.path.exists(args.file):
-            make_bench_file(args.file, args.make)
         if os.path.isdir(args.file):
             raise IsADirectoryError(errno.EISDIR, f"{args.file}: is a directory; give a .safetensors file")
-        if not os.path.isfile(args.file):
+        if not args.make and not os.path.isfile(args.file):
             raise FileNotFoundError(
                 errno.ENOENT,
                 f"{args.file}: no such file; give a .safetensors file, or --make SIZE "
                 "(e.g. --make 1G) to write one there first",
             )
-        read_header(args.file)  # a file that is no safetensors is refused before any timing
-        res = bench(args.file, device, args.reps, **opts)
+        # the file is only read (an existing one of any kind, the user's too, as it is); one
+        # --make writes is the bench's, removed if the writing fails or is interrupted; locked
+        # for the run either way (two benches on one file measure each other)
+        with BenchFiles("phx bench loader") as files:
+            made = not os.path.exists(args.file)
+            need = bench_file_bytes(args.make) if made else 0
+            files.claim(args.file, 0, "FILE", write=made, fill=False, need=need, size_option="--make")
+            if made:
+                make_bench_file(args.file, args.make)
+            read_header(args.file)  # a file that is no safetensors is refused before any timing
+            res = bench(args.file, device, args.reps, **opts)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

@@ -14,6 +14,12 @@ lost. This measures the latency of ``--block`` loads (random block-aligned offse
 KvikIO (compat mode, where importable: the nvidia vendor) runs the same loads beside its
 own pwrite futures. Each phase drops ``--file`` from the page cache first (cold loads);
 p50 / p99 / max per phase, printed as a table and written to ``--json``.
+
+``--file`` is only read: made with random data if absent, an existing one used as it is if
+it holds ``--size`` bytes. ``--write-file`` is written: it must be absent (made, and removed
+at the end unless ``--keep-write-file``) or one an earlier run kept; a file of the user's is
+refused, never truncated (``files.py``). Both are locked for the run and checked, with the
+device and the free space, before anything is made.
 """
 
 from __future__ import annotations
@@ -28,11 +34,12 @@ import sys
 import threading
 import time
 
-from phoenix.cli._run import output_file, positive_int, positive_size, vendor_runtime
+from phoenix.cli._run import nonnegative_int, output_file, positive_int, positive_size, setting, vendor_runtime
 from phoenix.vendor import CopyKind
 
 from . import fastdev
-from .files import check_bench_file, drop_cache, prepare_file, settings_env
+from .args import check_device
+from .files import BenchFiles, drop_cache, human, settings_env
 
 
 class _Done:
@@ -72,7 +79,7 @@ class _Phoenix(_Impl):
         self._ov.__enter__()
         pio.prepare()
         self.rf = pio.open(args.file, "r")
-        self.wf = pio.open(args.write_file, "w+")
+        self.wf = pio.open(args.write_file, "r+")  # the bench's own (claimed), written from offset 0
 
     def load(self, off):
         return self.rf.read((self.dst, self.args.block), self.args.block, off)
@@ -105,7 +112,7 @@ class _KvikIO(_Impl):
         )
         self._set.__enter__()
         self.rf = kvikio.CuFile(args.file, "r")
-        self.wf = kvikio.CuFile(args.write_file, "w+")
+        self.wf = kvikio.CuFile(args.write_file, "r+")
 
     def load(self, off):
         return self.rf.pread(self.dst, self.args.block, off).get()
@@ -223,19 +230,46 @@ def _check_first_block(rt, dst: int, args) -> None:
 
 
 def run(args, records: list[dict]) -> list[dict]:
+    """The phases of every implementation, appended to ``records``; before anything is made:
+    the options, the device (its ordinal, its memory for the buffers) and the files (claimed,
+    locked, room for them)."""
+    check_options(args)
+    rt = vendor_runtime()
+    check_device(rt, args.device, args.block + args.write_chunk, "--block + --write-chunk")
+    with BenchFiles("phx bench loadlat") as files:
+        files.claim(args.file, args.size, "--file")
+        files.claim(
+            args.write_file,
+            args.write_size,
+            "--write-file",
+            write=True,
+            fill=False,
+            scratch=not args.keep_write_file,
+            size_option="--write-size",
+        )
+        files.fill()
+        return _run(args, records, rt)
+
+
+def check_options(args) -> None:
+    """Refuse, in one line naming them, options that contradict each other (nothing has run yet)."""
+    if args.size < args.block:
+        raise ValueError(f"--size {human(args.size)} is smaller than one --block ({human(args.block)}): lower --block")
+    if args.write_chunk > args.write_size:
+        raise ValueError(
+            f"--write-chunk {human(args.write_chunk)} is larger than --write-size {human(args.write_size)}: "
+            "give --write-chunk at most --write-size"
+        )
+
+
+def _run(args, records: list[dict], rt) -> list[dict]:
     import numpy as np
 
     from .throughput import have_kvikio
 
-    if args.size < args.block:
-        raise ValueError(f"--size {args.size} is smaller than one --block ({args.block})")
-    check_bench_file(args.file, args.size)
-    prepare_file(args.file, args.size)
-    rt = vendor_runtime()
     kv_ok, kv_why = have_kvikio(rt.name)
     dst = rt.device_alloc(args.block, args.device)
     src = rt.device_alloc(args.write_chunk, args.device)
-    made_wfile = not os.path.exists(args.write_file)
     meta = {
         "host": socket.gethostname(),
         "platform": platform.platform(),
@@ -282,11 +316,6 @@ def run(args, records: list[dict]) -> list[dict]:
     finally:
         rt.device_free(dst)
         rt.device_free(src)
-        if made_wfile and not args.keep_write_file:
-            try:
-                os.unlink(args.write_file)
-            except OSError:
-                pass
     return records
 
 
@@ -315,19 +344,38 @@ def add_parser(sub) -> None:
         "--write-size stream of writes runs: phoenix's writes marked priority=background, the same without the "
         "priority, and KvikIO (compat) loads beside its own pwrite futures where importable.",
     )
-    b.add_argument("--file", default="/tmp/phx-loadlat.bin", help="file the loads read (made with random data)")
+    b.add_argument(
+        "--file",
+        default="/tmp/phx-loadlat.bin",
+        help="file the loads read: made with random data if absent, else read as it is (never written)",
+    )
     b.add_argument("--size", type=positive_size, default=4 << 30, help="bytes of --file the loads pick from (4G)")
     b.add_argument("--block", type=positive_size, default=32 << 20, help="bytes per load (default 32M)")
     b.add_argument(
         "--loads", type=positive_int, default=200, help="loads per phase (default 200: p99 is the third slowest)"
     )
-    b.add_argument("--write-file", default="/tmp/phx-loadlat-w.bin", help="file the write stream writes")
+    b.add_argument(
+        "--write-file",
+        default="/tmp/phx-loadlat-w.bin",
+        help="file the write stream writes: made by the run (an existing file not the bench's is refused)",
+    )
     b.add_argument("--write-size", type=positive_size, default=8 << 30, help="bytes of the write stream (8G)")
     b.add_argument("--write-chunk", type=positive_size, default=64 << 20, help="bytes per write request (64M)")
     b.add_argument("--write-depth", type=positive_int, default=16, help="write requests in flight (default 16)")
-    b.add_argument("--threads", type=positive_int, default=8, help="I/O threads (phoenix workers, KvikIO's pool)")
-    b.add_argument("--device", type=int, default=0, help="device ordinal (default 0)")
-    b.add_argument("--keep-write-file", action="store_true", help="keep --write-file (removed if this run made it)")
+    b.add_argument(
+        "--threads",
+        type=setting("threads"),
+        default=8,
+        help="I/O threads, 1 to 1024 (phoenix workers, KvikIO's pool; default 8)",
+    )
+    b.add_argument(
+        "--device", type=nonnegative_int, default=0, help="device ordinal (default 0; 'phx info' lists them)"
+    )
+    b.add_argument(
+        "--keep-write-file",
+        action="store_true",
+        help="keep --write-file (removed at the end if this run made it; a kept one is the bench's, reused next time)",
+    )
     b.add_argument("--json", type=output_file, metavar="OUT", help="also write the records as JSON")
     b.add_argument("--quiet", action="store_true", help="no progress lines")
     fastdev.add_argument(b, "--file and --write-file (their names kept, their directories replaced)")

@@ -5,7 +5,8 @@ overhead, and a library of their own so that the production core (``_phxcore.so`
 carries no benchmark symbol; setup.py builds it as ``phoenix/bench/libphxbench.so``.
 
 * :func:`raw_transfer`: O_DIRECT (or buffered) pread/pwrite of a file into host memory,
-  one request in flight per thread: the storage limit.
+  one request in flight per thread: the reference at the configuration given (one of the
+  device's; a sweep over threads x chunk finds its fastest).
 * :func:`naive_transfer`: pread a chunk into pinned host memory, then a synchronous copy
   to the device through the vendor's data-path table: the naive staging loop.
 * :func:`raw_shared_transfer`: random O_DIRECT reads landing round robin in one

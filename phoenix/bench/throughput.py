@@ -1,10 +1,12 @@
-"""``phx bench``: file <-> device-memory throughput, beside the storage limit and the peers.
+"""``phx bench``: file <-> device-memory throughput, beside raw O_DIRECT and the peers.
 
 Benchmark side (control plane). Every phoenix figure is printed beside figures
 measured in the same run, at the same concurrency, on the same file:
 
-* ``raw_odirect``: raw O_DIRECT pread/pwrite of the file into host memory, in C (the
-  storage limit, ``raw.py``); buffered (``raw_buffered``) for warm figures.
+* ``raw_odirect``: raw O_DIRECT pread/pwrite of the file into host memory, in C
+  (``raw.py``), at phoenix's threads x chunk: one configuration of the device, not its
+  limit (``--raw-sweep`` searches for the fastest and divides by it); buffered
+  (``raw_buffered``) for warm figures.
 * ``naive``: pread a chunk into pinned host memory, synchronous copy to the device (C too).
 * ``kvikio``: KvikIO (compat mode) where it is importable and the vendor is nvidia.
 * ``h2d_pinned``: pinned host -> device copy (the bus limit; meaningful on GPUs).
@@ -12,6 +14,14 @@ measured in the same run, at the same concurrency, on the same file:
 Cold figures release phoenix's registered page-cache windows first (``fmap_wait`` then
 ``fmap_clear``, before every drop from the page cache: pinned pages cannot be dropped), so
 they are the disk's; ``PHX_FMAP_MODE=off`` turns the window cache off altogether.
+
+Writes are timed with their sync (phoenix and KvikIO fsync, the raw reference fdatasync);
+a write-back cache below the file system (a disk's, a VM host's) may still take them
+faster than the device sustains: a write above the run's cold reads is flagged.
+
+The file is the bench's own or only read (``files.py``): an existing file the bench did not
+make is never written, and one smaller than ``--size`` is refused; the options are checked
+against each other, the vendor's devices and the free space before anything is made.
 
 CPU seconds per GB (user + system of the whole process, all threads) stand beside
 every figure. Records go to ``--json`` (a list of dicts: op, impl, vendor, warm,
@@ -32,25 +42,18 @@ import statistics
 import sys
 import time
 
-from phoenix.cli._run import comma_list, output_file, positive_int, positive_size, vendor_runtime
+from phoenix.cli._run import vendor_runtime
 from phoenix.vendor import CopyKind
 
-from .files import check_bench_file, drop_cache, prepare_file, settings_env, warm_cache
+from . import throughput_cli
+from .args import check_device
+from .files import BenchFiles, drop_cache, settings_env, warm_cache
 from .raw import naive_transfer, raw_transfer
 from .report import FONT, IMPLS, legend, plain_log_axis, plot, report, table  # noqa: F401 (re-exported)
-from .sweep import (
-    SWEEP_CHUNKS,
-    SWEEP_THREADS,
-    phoenix_config_text,
-    phoenix_grid,
-    random_nops,
-    sweep,
-    sweep_grid,
-)  # noqa: F401
+from .sweep import phoenix_config_text, phoenix_grid, random_nops, sweep, sweep_grid
+from .throughput_cli import OPS, TEMPERATURES  # noqa: F401 (re-exported)
 
 GB = 1e9
-OPS = ("read", "write", "randread")
-TEMPERATURES = ("cold", "warm")
 
 
 def _cpu() -> float:
@@ -100,7 +103,7 @@ def touch_device(rt, dev: int, size: int) -> None:
 
 
 class Bench:
-    def __init__(self, args, records: list[dict] | None = None):
+    def __init__(self, args, records: list[dict] | None = None, rt=None):
         import phoenix
         import phoenix.io as pio
         import phoenix.settings
@@ -109,7 +112,7 @@ class Bench:
         self.phoenix = phoenix
         self.pio = pio
         phoenix.settings.get()  # a bad PHX_* setting is refused before anything is written or measured
-        self.rt = vendor_runtime()
+        self.rt = rt or vendor_runtime()
         self.vendor = self.rt.name
         self.records: list[dict] = records if records is not None else []
         self.device = args.device
@@ -265,8 +268,12 @@ class Bench:
                 if op == "read":
                     return f.pread(arr, size, 0).get()
                 n = f.pwrite(arr, size, 0).get()
-                os.fsync(os.open(self.args.file, os.O_RDONLY))
-                return n
+            fd = os.open(self.args.file, os.O_RDONLY)
+            try:  # timed with its sync, as phoenix's write and the raw reference's are
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return n
 
     def _kvikio_random(self, size, bs, qd, nops):
         """KvikIO's random reads as a user writes them: one ``CuFile.pread`` future per
@@ -469,20 +476,43 @@ def _random(b, args, progress, kvikio: bool = False) -> None:
         b.args = saved
 
 
+#: how a run that may not write its --file measures it as it is
+READ_ONLY_HINT = "pass --ops read (or read,randread)"
+
+
 def run(args, records: list[dict] | None = None) -> list[dict]:
     """Every measurement of ``args``, appended to ``records`` as it is taken (so that the
-    caller keeps what was measured when a later one fails)."""
+    caller keeps what was measured when a later one fails). Before anything is made or
+    measured: the settings, the device (its ordinal, its memory for --size) and the file
+    (claimed: the bench's own, or one of the user's only read; locked; room for it)."""
+    import phoenix.settings
+
+    phoenix.settings.get()  # a bad PHX_* setting is refused before anything is written or measured
+    rt = vendor_runtime()
+    check_device(rt, args.device, args.size)
+    with BenchFiles() as files:
+        files.claim(
+            args.file,
+            args.size,
+            "--file",
+            write="write" in args.ops,
+            made=bool(getattr(args, "file_made", False)),
+            read_hint=READ_ONLY_HINT,
+        )
+        return _run(args, records, rt, files)
+
+
+def _run(args, records, rt, files: BenchFiles) -> list[dict]:
     size = args.size
     chunk = args.chunk
-    check_bench_file(args.file, size)
-    b = Bench(args, records)
+    b = Bench(args, records, rt)
     progress = Progress(0, args.quiet)
     kv_ok, kv_why = have_kvikio(b.vendor)
     ops = args.ops
     plan = sequential_plan(args)
     progress.total = planned_steps(args, plan, kv_ok, b.vendor)
     try:
-        prepare_file(args.file, size)
+        files.fill()
         best: dict = {}  # op -> (raw's best point, phoenix's best (threads, chunk))
         for temp, op, threads in plan:
             warm = temp == "warm"
@@ -581,112 +611,8 @@ def run(args, records: list[dict] | None = None) -> list[dict]:
 
 
 def add_parser(sub):
-    """``phx bench``'s own parser (the throughput bench); phoenix.bench.cli hangs the others below it."""
-    p = sub.add_parser(
-        "bench",
-        help="file <-> device throughput beside raw O_DIRECT, the naive loop and KvikIO",
-        description="Measure reads and writes between a file and device memory of the selected vendor (PHX_VENDOR), "
-        "beside, in the same run and at the same concurrency: raw O_DIRECT to host memory (the storage limit), the "
-        "naive loop (pread + synchronous copy), KvikIO where importable, and the pinned host->device copy on GPUs. "
-        "Cold figures drop the file from the page cache first (fadvise; drop_caches when root).",
-    )
-    p.add_argument(
-        "--file", default="/tmp/phx-bench.bin", help="file to use (created with random data if smaller than --size)"
-    )
-    p.add_argument("--size", type=positive_size, default=1 << 30, help="bytes to move, e.g. 512M, 2G (default 1G)")
-    p.add_argument(
-        "--threads",
-        type=comma_list(item=positive_int),
-        default=[4],
-        metavar="N[,N...]",
-        help="comma-separated concurrency levels, e.g. 1,4,16 (default 4)",
-    )
-    p.add_argument("--chunk", type=positive_size, default=16 << 20, help="chunk size per request piece (default 16M)")
-    p.add_argument("--reps", type=positive_int, default=3, help="repetitions; the median is reported (default 3)")
-    p.add_argument(
-        "--ops",
-        type=comma_list(OPS),
-        default=["read", "write"],
-        metavar="{" + ",".join(OPS) + "}[,...]",
-        help="comma-separated of read, write, randread (default read,write)",
-    )
-    p.add_argument(
-        "--temperature",
-        type=comma_list(TEMPERATURES),
-        default=["cold"],
-        metavar="{cold,warm}[,...]",
-        help="cold, warm or cold,warm (default cold)",
-    )
-    p.add_argument(
-        "--random-bs",
-        type=comma_list(item=positive_size),
-        default=[64 << 10],
-        metavar="SIZE[,SIZE...]",
-        help="random read sizes, each measured on its own, e.g. 4K,64K,1M (default 64K)",
-    )
-    p.add_argument("--qd", type=positive_int, default=64, help="random reads in flight (default 64)")
-    p.add_argument("--random-ops", type=positive_int, default=20000, help="random reads per repetition (default 20000)")
-    p.add_argument(
-        "--random-threads",
-        type=positive_int,
-        default=8,
-        help="phoenix workers for random reads; each keeps qd/threads reads in flight (default 8: "
-        "on the H200 VM 8 x 8 matched the raw rate at 0.7x the CPU of 16 x 4)",
-    )
-    p.add_argument("--device", type=int, default=0, help="device ordinal (default 0)")
-    p.add_argument("--json", type=output_file, metavar="FILE", help="write the records as a JSON list")
-    p.add_argument(
-        "--plot",
-        type=output_file,
-        metavar="FILE",
-        help="write a PNG: a panel per operation and cache state, bars with "
-        "the ratio to the raw reference and CPU s/GB (lines where several concurrencies ran)",
-    )
-    p.add_argument(
-        "--fast-device",
-        type=positive_size,
-        metavar="SIZE",
-        help="run on a loop device over RAM (stand-in for a fast NVMe array): a SIZE file in /dev/shm, a loop device "
-        "over it with direct I/O on, ext4 on it (the raw device where mkfs.ext4 is missing), the bench file there; "
-        "all torn down at the end, on errors and on Ctrl-C. Needs root, a free loop device and SIZE free in /dev/shm; "
-        "SIZE a little above --size (ext4's metadata). --file is not used",
-    )
-    p.add_argument(
-        "--fast-device-fs",
-        choices=("ext4", "raw"),
-        help="ext4 (default where mkfs.ext4 exists) or raw: the loop device itself as the bench file",
-    )
-    p.add_argument(
-        "--raw-sweep",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="run the raw O_DIRECT reference of each cold op over a grid of threads x chunk sizes (random reads: in "
-        "flight) and divide the ratios by its best point (default: on with --fast-device)",
-    )
-    p.add_argument(
-        "--phoenix-sweep",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="sweep phoenix too over the raw sweep's grid (sequential cold ops) and measure it at its best point, "
-        "raw at its own best beside it (default: on with --fast-device)",
-    )
-    p.add_argument(
-        "--sweep-threads",
-        type=comma_list(item=positive_int),
-        default=list(SWEEP_THREADS),
-        metavar="N[,N...]",
-        help="the sweep's thread counts (default 1,4,8,16,32; phoenix's own --threads are always added)",
-    )
-    p.add_argument(
-        "--sweep-chunks",
-        type=comma_list(item=positive_size),
-        default=list(SWEEP_CHUNKS),
-        metavar="SIZE[,SIZE...]",
-        help="the sweep's chunk sizes (default 1M,4M,16M; phoenix's own --chunk is always added)",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress line")
-    p.set_defaults(func=main)
-    return p
+    """``phx bench``'s own parser (``throughput_cli.py``); phoenix.bench.cli hangs the others below it."""
+    return throughput_cli.add_parser(sub, main)
 
 
 def main(args) -> int:
@@ -696,16 +622,7 @@ def main(args) -> int:
         args.raw_sweep = bool(fast)
     if getattr(args, "phoenix_sweep", None) is None:
         args.phoenix_sweep = bool(fast)
-    if args.phoenix_sweep and not args.raw_sweep:
-        raise ValueError("--phoenix-sweep compares each side's best: it needs --raw-sweep too")
-    if "randread" in args.ops:
-        if not 1 <= args.qd <= 4096:
-            raise ValueError(f"--qd {args.qd}: random reads in flight must be between 1 and 4096")
-        for bs in args.random_bs:
-            if bs % 4096:
-                raise ValueError(f"--random-bs {bs}: random reads are O_DIRECT, a multiple of 4096 bytes (4K, 64K, 1M)")
-            if bs > args.size:
-                raise ValueError(f"--random-bs {bs} is larger than --size {args.size}: no read fits in the file")
+    throughput_cli.check_options(args)
     try:
         if fast:
             from . import fastdev
@@ -714,6 +631,7 @@ def main(args) -> int:
             fastdev.check(fast, args.size, fs)
             with fastdev.FastDevice(fast, fs) as dev:
                 args.file = dev.file
+                args.file_made = fs == "raw"  # the loop device itself: the bench's, set up by it
                 args.fast_device_info = dev.info()
                 if not getattr(args, "quiet", False):
                     print(

@@ -21,8 +21,11 @@ the error's own text: the code that raises says what to fix, this module only fo
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import re
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 
 DIST_NAME = "phoenix-direct-storage"
@@ -163,7 +166,14 @@ def vendor_runtime(select_only: bool = False):
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with one-line errors (``<prog>: <message> (see '<prog> --help')``, exit 2);
     its subparsers are of this class too. Records the innermost parser's prog for
-    :func:`run_main`."""
+    :func:`run_main`. A value that starts with a minus and a digit (``--size -1G``,
+    ``--threads -1,2``) is the option's value, refused by its type with what is valid,
+    not an unknown option that leaves ``--size`` "expecting one argument" (no option of
+    ours looks like a negative number)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str):
         # something missing (no command, no FILE): the usage shows what to give; a wrong
@@ -232,6 +242,8 @@ def size(text: str) -> int:
     """An argparse type: bytes from ``4096``, ``64K``, ``16M``, ``2G``, ``1.5G``, ``64KiB``."""
     from phoenix.vendor import parse_size
 
+    if text.strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a size cannot be negative ({SIZE_EXAMPLES})")
     try:
         return parse_size(text)
     except (ValueError, TypeError):
@@ -266,6 +278,35 @@ def nonnegative_int(text: str) -> int:
     return _whole(text, 0)
 
 
+#: settings whose values are sizes (K/M/G suffixes); the others are whole numbers
+_SIZE_SETTINGS = ("chunk_size", "inflight", "bounce_pool_size")
+
+
+def setting(name: str, what: str = "") -> Callable[[str], int]:
+    """An argparse type for an option phoenix takes as its setting ``name`` (``threads``,
+    ``chunk_size``, ``queue_depth``): refused when the command line is read, by the setting's
+    own rule (:mod:`phoenix.settings`), the message naming the option, not
+    ``phoenix.settings.override`` in the middle of a run. Used in :func:`comma_list`, every
+    item of a list is checked before any runs. ``what`` says who takes the value (default:
+    phoenix's ``name`` setting)."""
+
+    def parse(text: str) -> int:
+        n = positive_size(text) if name in _SIZE_SETTINGS else positive_int(text)
+        from phoenix import settings
+
+        token = "\0option"
+        try:
+            settings._validate({name: n}, token)
+        except ValueError as exc:
+            rule = str(exc).removeprefix(f"{token}: ").removeprefix(f"{name}={n} ")
+            who = what or f"phoenix's {name} setting"
+            raise argparse.ArgumentTypeError(f"{text!r}: {rule} ({who})") from None
+        return n
+
+    parse.__name__ = "size" if name in _SIZE_SETTINGS else "number"
+    return parse
+
+
 def nonnegative_float(text: str) -> float:
     """An argparse type: a number of at least 0."""
     try:
@@ -277,11 +318,28 @@ def nonnegative_float(text: str) -> float:
     return x
 
 
+def _can_create_in(directory: str) -> OSError | None:
+    """Whether a file can be made in ``directory``, found by making one (and removing it):
+    mode bits say nothing for root, nor for /proc, a read-only mount or a full quota."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".phx-probe-", dir=directory)
+    except OSError as exc:
+        return exc
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
+def _why(exc: OSError) -> str:
+    return "read-only" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else f"not writable ({exc.strerror})"
+
+
 def output_file(text: str) -> str:
     """An argparse type: a file a command writes (``--json``, ``--plot``, ``--out``), checked when
     the command line is read, so that a run is not lost at its end for a bad destination: not a
-    directory, in a directory that exists and may be written (the file may be replaced through a
-    temporary one beside it), and, if it exists, writable."""
+    directory, in a directory that exists and where a file can be made (tried: the file may be
+    replaced through a temporary one beside it), and, if it exists, writable (opened for writing,
+    nothing written)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("empty: give a file path")
     path = os.path.abspath(text)
@@ -290,20 +348,43 @@ def output_file(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text} is a directory: give a file path (e.g. {os.path.join(text, 'out')})")
     if not os.path.isdir(parent):
         raise argparse.ArgumentTypeError(f"{text}: its directory {parent} does not exist; create it or give another")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{text}: the directory {parent} is read-only; give a writable directory")
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        raise argparse.ArgumentTypeError(f"{text} exists and is read-only; give a file you may write")
+    problem = _can_create_in(parent)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(
+            f"{text}: the directory {parent} is {_why(problem)}; give a file in a writable directory"
+        )
+    if os.path.isfile(path):
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND))  # no O_TRUNC: the file is not changed
+        except OSError as exc:
+            raise argparse.ArgumentTypeError(f"{text} exists and is {_why(exc)}; give a file you may write") from None
     return text
 
 
 output_file.__name__ = "file"
 
 
+def plot_file(text: str) -> str:
+    """:func:`output_file` for a PNG (``--plot``), refused at once where matplotlib is missing:
+    not after the run with a note and exit status 0."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise argparse.ArgumentTypeError(
+            "needs matplotlib, which is not installed: pip install 'phoenix-direct-storage[bench]' "
+            "(or leave the option out)"
+        )
+    return output_file(text)
+
+
+plot_file.__name__ = "file"
+
+
 def output_dir(text: str) -> str:
     """An argparse type: a directory a command writes files into (``--report-dir``), made if
     missing, checked when the command line is read: not a file, and it (or, where it is still to
-    be made, its nearest existing parent) a directory that may be written."""
+    be made, its nearest existing parent) a directory where a file can be made (tried, not
+    judged by its mode)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("empty: give a directory path")
     path = os.path.abspath(text)
@@ -313,9 +394,10 @@ def output_dir(text: str) -> str:
     if not os.path.isdir(probe):
         where = "is a file" if probe == path else f"would be made under {probe}, which is a file"
         raise argparse.ArgumentTypeError(f"{text} {where}: give a directory path")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        what = "is read-only" if probe == path else f"would be made under {probe}, which is read-only"
-        raise argparse.ArgumentTypeError(f"{text} {what}; give a writable directory")
+    problem = _can_create_in(probe)
+    if problem is not None:
+        what = "is" if probe == path else f"would be made under {probe}, which is"
+        raise argparse.ArgumentTypeError(f"{text} {what} {_why(problem)}; give a writable directory")
     return text
 
 

@@ -250,12 +250,32 @@ def cmd_info(args) -> int:
     return 0
 
 
+def vendor_choices() -> str:
+    """``auto|amd|host|...|<port>``: PHX_VENDOR's values, the vendors discovery finds here
+    (in-tree, entry points, PHX_VENDOR_PATH), never a list written down that misses one."""
+    try:
+        from phoenix import registry
+
+        names = list(registry.discover())
+    except Exception:  # help must come even where discovery cannot run: the shape of the value
+        names = []
+    return "|".join(["auto", *names, "<port>"])
+
+
+class _PhxParser(ArgumentParser):
+    """``phx``'s parser: its help names the vendors found, looked up only when help is shown
+    (every other command line is parsed without running discovery for it)."""
+
+    def format_help(self) -> str:
+        self.description = (
+            "Phoenix: direct-storage I/O between files and accelerator memory. "
+            f"The vendor is chosen by PHX_VENDOR ({vendor_choices()})."
+        )
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(
-        prog="phx",
-        description="Phoenix: direct-storage I/O between files and accelerator memory. "
-        "The vendor is chosen by PHX_VENDOR (auto|host|nvidia|metax|<port>).",
-    )
+    parser = _PhxParser(prog="phx")
     parser.add_argument("--version", action="version", version=f"phx {version()} ({DIST_NAME})")
     add_debug_flag(parser)
     sub = parser.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=ArgumentParser)
@@ -267,7 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError as exc:
         why = describe(exc)
         p_bench = sub.add_parser("bench", help=f"unavailable here: {why}")
-        p_bench.set_defaults(func=lambda args: (_ for _ in ()).throw(ImportError(f"phx bench cannot load: {why}")))
+        p_bench.set_defaults(
+            func=lambda args: (_ for _ in ()).throw(ImportError(f"phx bench cannot load: {why}")), unavailable=True
+        )
     else:
         bench_cli.add_parser(sub)
     return parser
@@ -275,7 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _main(argv: list[str]) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "unavailable", False):  # a bench that cannot load says why, not "unrecognized"
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2

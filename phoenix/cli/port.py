@@ -21,11 +21,11 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import shlex
 import sys
 
 from phoenix import registry
-from phoenix.errors import UnknownVendorError
 
 from ._run import ArgumentParser, add_debug_flag, output_dir, run_main
 
@@ -350,7 +350,9 @@ def cmd_check(args) -> int:
     check_args(args)
     rep = portcheck.check(args.name, directory=args.dir, kdir=args.kdir, compile_kernel=not args.no_kernel_build)
     if rep.directory is None:
-        print(f"phx-port check: {rep.findings[0].message}", file=sys.stderr)
+        known = list(registry.discover())
+        hint = f"; {_vendors_and_new(args.name, known)}" if args.dir is None and args.name not in known else ""
+        print(f"phx-port check: {rep.findings[0].message}{hint}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(rep.as_dict(), indent=2))
@@ -363,6 +365,15 @@ def cmd_check(args) -> int:
         print(f"\n{args.name}: {'FAIL' if rep.failed else 'PASS'}: {err} error(s), {todo} not implemented")
     args.rc = 1 if rep.failed else 0
     return args.rc
+
+
+def _vendors_and_new(name: str, installed: list[str]) -> str:
+    """What there is instead of vendor ``name``, and how to make a port of that name."""
+    have = ", ".join(installed) or "none"
+    return (
+        f"the vendors found here are {have} ('phx-port list' shows where each comes from); to start a port "
+        f"named {name}: phx-port new {name} (docs/porting.md)"
+    )
 
 
 # -- list -------------------------------------------------------------------------------
@@ -450,7 +461,7 @@ def cmd_test(args) -> int:
         return 2
     vendors = registry.discover()
     if name not in vendors:
-        print(f"phx-port test: {UnknownVendorError(name, list(vendors))}", file=sys.stderr)
+        print(f"phx-port test: no vendor {name!r}: {_vendors_and_new(name, list(vendors))}", file=sys.stderr)
         return 2
     entry = vendors[name]
     extra = list(args.pytest_args)
@@ -475,19 +486,49 @@ def cmd_test(args) -> int:
         settings={k: v for k, v in sorted(env.items()) if k.startswith("PHX_")},
         emulated=emulated,
     )
-    json_path, md_path = conformance.write_report(report, args.report_dir)
     failed = report["result"] != "pass"
     args.rc = 1 if failed else 0  # what main() returns even if stdout goes away below
     if args.json:
+        json_path, md_path = conformance.write_report(report, args.report_dir)
         print(json.dumps(report, indent=2, default=str))
-    else:
-        if args.quiet and failed and run["output"]:
-            print(run["output"].rstrip())  # the evidence, since pytest's output was held back
-        if not args.quiet:
-            print()
-        print(conformance.format_table(report))
-        print(f"report: {json_path}\n        {md_path}")
-    return 1 if failed else 0
+        return args.rc
+    # the table first: a report that cannot be written (the directory went away meanwhile) must not lose it
+    if args.quiet and failed and not report["tests"] and run["output"]:
+        print("\n".join(run["output"].rstrip().splitlines()[-QUIET_TAIL:]))  # nothing ran: why, in pytest's words
+    if not args.quiet:
+        print()
+    print(conformance.format_table(report))
+    if args.quiet and any(t["outcome"] == "failed" for t in report["tests"]):
+        print(failure_summary(report))
+    sys.stdout.flush()
+    json_path, md_path = conformance.write_report(report, args.report_dir)
+    print(f"report: {json_path}\n        {md_path}")
+    return args.rc
+
+
+#: lines of pytest's held-back output -q shows when no test ran at all (a collection error)
+QUIET_TAIL = 30
+#: the longest reason -q prints on its line
+REASON_WIDTH = 220
+
+
+def failure_summary(report: dict) -> str:
+    """-q's account of the failures: one line per distinct reason (the failure's message, the
+    phase it failed in aside), with how many tests it failed and the first of them; the whole
+    tracebacks are in the report's Markdown."""
+    reasons: dict[str, list[str]] = {}
+    for t in report["tests"]:
+        if t["outcome"] == "failed":  # (not "not run": tests -k deselected)
+            msg = re.sub(r"^error in (setup|teardown): ", "", t.get("message") or t["outcome"])
+            reasons.setdefault(" ".join(msg.split()) or t["outcome"], []).append(t["test"])
+    lines = [
+        f"failures: {len(reasons)} distinct reason{'s' if len(reasons) != 1 else ''} (the tracebacks: the .md report)"
+    ]
+    for msg, tests in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
+        cut = msg if len(msg) <= REASON_WIDTH else msg[: REASON_WIDTH - 3] + "..."
+        first = re.sub(r"^[\w./]+\.py::", "", tests[0])
+        lines.append(f"  {len(tests):>4} test{'s' if len(tests) != 1 else ' '} {cut} (first: {first})")
+    return "\n".join(lines)
 
 
 def _emulate(entry, env: dict, announce: bool = True) -> dict | None:

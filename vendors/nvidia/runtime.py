@@ -31,6 +31,11 @@ from phoenix.cudalike import CudaLikeRuntime
 
 #: oldest runtime with cudaLaunchHostFunc and the pointer-attribute layout used here
 MIN_RUNTIME = 10000
+#: what to do after a driver-side reason (no libcuda, cuInit failing)
+DRIVER_HINT = (
+    "Install the NVIDIA driver (it provides libcuda.so.1; nvidia-smi checks that it is loaded), or put the "
+    "directory holding libcuda.so.1 on LD_LIBRARY_PATH; PHX_NVIDIA_LIBRARY names the libcudart to use"
+)
 
 
 def _loaded_libcudart() -> list[tuple[str, str]]:
@@ -70,12 +75,17 @@ class Runtime(CudaLikeRuntime):
         return places + [(p, p) for p in sorted(glob.glob("/usr/local/cuda-*/lib64/libcudart.so*"), reverse=True)]
 
     @classmethod
+    def _check_driver(cls, handle, details: dict) -> str | None:
+        why = super()._check_driver(handle, details)  # what to do, as the other vendors' reasons say it
+        return why and f"{why}. {DRIVER_HINT}"
+
+    @classmethod
     def check_runtime(cls, handle, details: dict) -> str | None:
         rver, dver = details["runtime_version"] or 0, details["driver_version"] or 0
         if details["emulated"]:
             return None
         if rver < MIN_RUNTIME:
-            return f"CUDA runtime {details['library']} is version {rver}, older than {MIN_RUNTIME} (needs cudaLaunchHostFunc)"
+            return f"CUDA runtime {details['library']} is version {rver}, older than {MIN_RUNTIME} (needs cudaLaunchHostFunc): install CUDA 10 or newer, or set PHX_NVIDIA_LIBRARY to a newer libcudart"
         if rver // 1000 > dver // 1000:
-            return f"driver supports CUDA {dver} but runtime {details['library']} is {rver}: driver too old"
+            return f"driver supports CUDA {dver} but runtime {details['library']} is {rver}: driver too old; update the NVIDIA driver, or set PHX_NVIDIA_LIBRARY to a libcudart of CUDA {dver // 1000} or older"
         return None

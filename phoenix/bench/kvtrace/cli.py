@@ -28,6 +28,7 @@ from phoenix.cli._run import (
     nonnegative_float,
     nonnegative_int,
     output_file,
+    plot_file,
     positive_int,
     positive_size,
     size,
@@ -243,7 +244,9 @@ def add_parser(sub) -> None:
         help="prefill backend (default auto: torch, else CuPy on GPUs; NumPy on the host vendor)",
     )
     p.add_argument("--no-verify", dest="verify", action="store_false", help="do not poison and check loaded blocks")
-    p.add_argument("--device", type=int, default=0, help="device ordinal (default 0)")
+    p.add_argument(
+        "--device", type=nonnegative_int, default=0, help="device ordinal (default 0; 'phx info' lists the devices)"
+    )
     p.add_argument(
         "--label",
         default="",
@@ -254,7 +257,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--json", type=output_file, metavar="FILE", help="write the records as a JSON list")
     p.add_argument(
-        "--plot", type=output_file, metavar="FILE", help="write a PNG of p99 TTFT (95%% CI) and QPS against concurrency"
+        "--plot", type=plot_file, metavar="FILE", help="write a PNG of p99 TTFT (95%% CI) and QPS against concurrency"
     )
     p.set_defaults(func=main, kv_cmd=None, _kv_parser=p)
     ksub = add_subcommands(p, dest="kv_cmd", metavar="{gen,plot}")  # the replay's options: not before gen, plot
@@ -270,7 +273,7 @@ def add_parser(sub) -> None:
         "color everywhere; points not run (--stop-over) are absent. Needs matplotlib.",
     )
     pp.add_argument("files", nargs="+", metavar="FILE", help="records of a run (phx bench kv-trace --json FILE)")
-    pp.add_argument("--out", required=True, type=output_file, metavar="PNG", help="the PNG to write")
+    pp.add_argument("--out", required=True, type=plot_file, metavar="PNG", help="the PNG to write")
     pp.add_argument("--title", default="", help="the figure's title (default: from the records)")
     pp.set_defaults(func=main_plot)
 
@@ -489,10 +492,24 @@ def _points(args, rp, stats, note, log, on_record, records) -> None:
 
 
 def _write_json(path: str, records: list[dict]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(records, fh, indent=1)
-    os.replace(tmp, path)
+    """``path`` replaced whole (a kill leaves the previous records, never half a file), through a
+    temporary file of its own beside it (never another file of that name)."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=os.path.dirname(path) or ".")
+    try:
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # as open(path, "w") would make it (mkstemp's is 0600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(records, fh, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _title(records: list[dict], what: str) -> str:

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 import phoenix.settings
 from phoenix.vendor import CopyKind
 
+from ..args import check_device
 from ..files import drop_cache
 from .behind import ENGINES as behind_engines
 from .behind import WriteBehind
@@ -133,6 +134,8 @@ class Replayer:
                 f"{args.hbm // self.bb}: raise --hbm, or lower --token-scale"
             )
         slab_paths = Slab.parse(args.slab)  # refused before any memory is allocated
+        if not getattr(args, "fast_device", None):  # (on fast devices the slab is made afresh)
+            Slab.refuse_foreign(slab_paths)
         if rt is None:
             if phoenix.settings.effective("vendor") in ("nvidia", "auto") and args.compute in ("auto", "torch"):
                 try:  # torch first: the nvidia port then shares torch's libcudart
@@ -141,6 +144,7 @@ class Replayer:
                     pass
             rt = registry.get_runtime()
         self.rt = rt
+        check_device(rt, args.device)  # an ordinal the vendor lacks: said as --device, before any allocation
         self.pio = pio
         max_ctx = max(r.input_tokens for s in self.trace.sessions for r in s.rounds) + 1
         self.backend = make_backend(rt, self.geo, max_ctx, args.prefill_chunk, args.device, args.compute)
@@ -203,6 +207,8 @@ class Replayer:
         self.cache.close()
         if not self.args.keep_slab:
             self.slab.remove()
+        else:
+            self.slab.release()
 
     # -- one point: (config, concurrency) -----------------------------------------------------
 

@@ -16,7 +16,10 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
+from ..files import BenchFiles, refuse_foreign
 from .compute import Geometry
+
+TOOL = "phx bench kv-trace"  #: who the slab's files are refused or removed by, in messages
 
 
 class Tier:
@@ -187,6 +190,7 @@ class Slab:
         self.history_slots, self.dynamic_slots = history_slots, dynamic_slots
         self.files: dict = {}
         self.fds: dict = {}
+        self.claimed = None  # the BenchFiles of the slab's files, from create() on
         self.move(path)
 
     @property
@@ -232,6 +236,16 @@ class Slab:
         self.paths = self.parse(path)
         self.hist_paths = [p + ".history" for p in self.paths]
 
+    @staticmethod
+    def refuse_foreign(paths: list[str]) -> None:
+        """Refuse now, before the tiers are allocated, a slab path (or its ``.history``) where an
+        existing file is not the bench's (a slab an earlier run kept is): the slab is written
+        over and removed at the end, and a file of the user's is never changed (:meth:`create`
+        claims them, refusing the same)."""
+        for p in paths:
+            for q in (p, p + ".history"):
+                refuse_foreign(q, "--slab", TOOL)
+
     def check_space(self) -> None:
         """Refuse, before writing anything, a slab its file systems cannot hold (lanes that
         share one are counted together)."""
@@ -269,7 +283,20 @@ class Slab:
         return self.paths[d % n], d // n * self.bb
 
     def create(self, history: dict, keys: dict, progress=None) -> float:
-        """Write the history blocks (their patterns) and size the dynamic file; returns seconds."""
+        """Claim the slab's files (each absent, or the bench's: a slab an earlier run kept), write
+        the history blocks (their patterns) and size the dynamic file; returns seconds. A
+        failure removes the slab's files (none is left half written)."""
+        self.claimed = BenchFiles(TOOL)
+        try:
+            for p in self.all_paths():
+                self.claimed.claim(p, 0, "--slab", write=True, fill=False)
+            return self._create(history, keys)
+        except BaseException:
+            self.claimed.close(failed=True, remove=True)  # the slab's files go: none is left half written
+            self.claimed = None
+            raise
+
+    def _create(self, history: dict, keys: dict) -> float:
         import phoenix
 
         self.check_space()
@@ -346,12 +373,19 @@ class Slab:
         self.files, self.fds = {}, {}
 
     def remove(self) -> None:
+        """Remove the slab's files: those this run claimed (made, or kept by an earlier run),
+        never another file."""
         self.close()
-        for p in self.all_paths():
-            try:
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
+        if self.claimed is not None:
+            self.claimed.close(remove=True)
+            self.claimed = None
+
+    def release(self) -> None:
+        """Keep the slab (``--keep-slab``): its files stay, marked as the bench's, unlocked."""
+        self.close()
+        if self.claimed is not None:
+            self.claimed.close()
+            self.claimed = None
 
 
 def host_view(ptr: int, n: int) -> memoryview:
