@@ -192,14 +192,16 @@ def test_a_read_the_queued_write_changes_waits(rt, mode, setup):
         # grows the file from 16M to 21M: [16M, 20M) a hole, [20M, 21M) its bytes
         h = hold()
         w = f.write_async((src, 4 * MiB), MiB, 20 * MiB, 0, h.stream)
-        hole = Call(g.read, _dst(MiB)[0], MiB, 17 * MiB, 64)
+        hole_dst, hpad = _dst(MiB)
+        hole = Call(g.read, hole_dst, MiB, 17 * MiB, hpad)
         span_dst, pad = _dst(8 * MiB)
         span = Call(g.read, span_dst, 8 * MiB, 15 * MiB, pad)
         assert not hole.wait(0.5), "a read of the hole the queued write makes did not wait for it"
         assert not span.wait(0), "a read across the end into the queued write did not wait for it"
         h.release()
         assert hole.wait(PROMPT) and span.wait(PROMPT) and w.result() == MiB
-    assert hole.result == MiB
+    assert hole.result == MiB and (hole_dst[hpad : hpad + MiB] == 0).all(), "the hole did not read as zeros"
+    assert (hole_dst[:hpad] == POISON).all() and (hole_dst[hpad + MiB :] == POISON).all()
     assert span.result == 6 * MiB
     got = span_dst[pad : pad + 6 * MiB]
     np.testing.assert_array_equal(got[:MiB], old[15 * MiB :])
