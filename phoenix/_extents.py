@@ -88,17 +88,32 @@ def _resolve(runtime, obj, size, buf_offset, writable, path, file_offset, what, 
         if size == 0:
             r.mem, r.device, r.why = _buffers.MEM_HOST, 0, "empty"
             return r
+        # registered memory: the run of adjacent registrations of one kind of memory from the
+        # one holding the start (io_reg.c). An extent that runs past the run into memory no
+        # registration holds (1, info written) is classified below as unregistered memory is:
+        # it lies in the buffer given, and the vendor bounds a device extent by its allocation
         info = _RegInfo()
         rc = _lib.phx_reg_lookup(r.addr, size, ctypes.byref(info))
         if rc == -_errno.EFAULT:
-            raise extent_error(
-                path,
-                file_offset,
-                size,
-                what,
-                f"its registration [{info.base:#x}, +{info.size}) holds {info.size} bytes; the request "
-                f"needs {size} from {r.addr - info.base} bytes into it (register the whole buffer)",
+            from ._abi import MEM_NAME
+
+            end, nxt = info.base + info.size, _RegInfo()
+            held = (
+                f"its registration [{info.base:#x}, +{info.size}) holds {info.size} bytes (with those adjacent "
+                f"to it of the same memory); the request needs {size} from {r.addr - info.base} bytes into it"
             )
+            if _lib.phx_reg_lookup(end, 1, ctypes.byref(nxt)) == 0 and nxt.base == end:
+                why = (
+                    f"{held}, and runs into the registration at {end:#x} of {MEM_NAME.get(nxt.mem)} memory on "
+                    f"device {nxt.device} from {MEM_NAME.get(info.mem)} memory on device {info.device}: one "
+                    f"request moves one kind of memory, split it there (buffer offset {buf_offset + end - r.addr})"
+                )
+            else:
+                why = (
+                    f"{held}, and runs over unregistered bytes from {end:#x} into another registration: "
+                    "register the gap too (adjacent registrations serve one extent), or split the request"
+                )
+            raise extent_error(path, file_offset, size, what, why)
         if rc == 0:
             r.mem, r.device, r.why = info.mem, info.device, "registered"
             return r

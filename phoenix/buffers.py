@@ -17,9 +17,13 @@ buffer protocol                   ``bytearray``, ``memoryview``, ``bytes`` (read
 ``__dlpack__``                    any DLPack producer (CPU and device tensors)
 ================================  ==========================================================
 
-Every extent must be C-contiguous. The adapted :class:`Buffer` keeps what must stay
-alive while I/O runs (the object, its buffer export, its DLPack capsule) until
-:meth:`Buffer.release`.
+Every extent must be C-contiguous, and its items plain bytes: an array whose items are
+Python object references (NumPy's object dtype, any dtype with ``hasobject`` -- structured
+ones with an object field, StringDType --, an interface type string or descr of kind
+'O', a buffer format with an 'O' item) is refused with a TypeError naming its dtype, for
+reads (file bytes over PyObject pointers crash the process) and writes (addresses into
+the file) alike. The adapted :class:`Buffer` keeps what must stay alive while I/O runs
+(the object, its buffer export, its DLPack capsule) until :meth:`Buffer.release`.
 
 :func:`classify` then asks the vendor where an address lives (``pointer_info``) and
 whether the CPU and the kernel can address it (``direct_capable``): host memory, device
@@ -76,17 +80,73 @@ class Buffer:
 # ---- the buffer protocol through the C API (works for read-only exporters too) ----------
 
 
+#: a field name in a buffer format (``T{<q:a:O:b:}``): skipped when looking for 'O' items
+_FORMAT_NAME = re.compile(rb":[^:]*:")
+
+
 def _from_buffer_protocol(obj, writable: bool) -> Buffer:
     # the export is a C object (phoenix._phxcore.Export): released in C, by release() or when
     # it is collected, so no exception can leave the exporter locked (a bytearray unresizable)
     from . import _phxcore
 
     try:
-        view = _phxcore.Export(obj, writable)
+        view = _phxcore.Export(obj, writable)  # (PyBUF_ND | PyBUF_FORMAT: C-contiguous, its format)
     except BufferError as exc:
         what = "writable and C-contiguous" if writable else "C-contiguous"
         raise TypeError(f"{type(obj).__name__}: the buffer must be {what} to be read into: {exc}") from None
+    fmt = view.format
+    if b"O" in _FORMAT_NAME.sub(b"", fmt.encode()):
+        view.release()
+        raise TypeError(_not_plain(obj, f"buffer format {fmt!r}"))
     return Buffer(view.addr, view.nbytes, "host", None, view.readonly, "buffer", [obj], view)
+
+
+def _not_plain(obj, what: str, why: str = "") -> str:
+    why = why or (
+        "its items are references (to Python objects, or a string's bytes), not plain bytes: a read "
+        "would write file bytes over them, a write would put addresses in the file"
+    )
+    return f"{type(obj).__name__} of {what}: {why}; use a dtype of numbers, bytes or fixed-width strings"
+
+
+def _plain_typestr(typestr) -> bool:
+    """An array-interface type string of plain bytes: the protocol's grammar, not kind 'O'
+    (an unknown type string, like a NumPy StringDType's, is no known layout of bytes)."""
+    m = _TYPESTR.match(typestr) if isinstance(typestr, str) else None
+    return m is not None and m.group(1) != "O"
+
+
+def _descr_objects(descr) -> str | None:
+    """The first type string of an interface ``descr`` (fields, nested) that is not plain
+    bytes, else None."""
+    if not isinstance(descr, (list, tuple)):
+        return None
+    for item in descr:
+        if not isinstance(item, (list, tuple)) or len(item) < 2:
+            continue
+        t = item[1]
+        if isinstance(t, (list, tuple)):
+            bad = _descr_objects(t)
+            if bad is not None:
+                return bad
+        elif not _plain_typestr(t):
+            return f"({item[0]!r}, {t!r})" if isinstance(item[0], str) else repr(t)
+    return None
+
+
+def _check_plain(obj, iface: dict) -> None:
+    """Refuse an interface object whose items are not plain bytes (TypeError naming its dtype)."""
+    dtype = getattr(obj, "dtype", None)
+    if getattr(dtype, "hasobject", False) is True:  # NumPy (and CuPy) dtypes: object fields, StringDType
+        raise TypeError(_not_plain(obj, f"dtype {dtype}"))
+    typestr = iface.get("typestr")
+    if not _plain_typestr(typestr):
+        m = _TYPESTR.match(typestr) if isinstance(typestr, str) else None
+        why = "" if m else "no type string of the array interface, so its items are not known to be plain bytes"
+        raise TypeError(_not_plain(obj, f"type string {typestr!r}", why))
+    bad = _descr_objects(iface.get("descr"))
+    if bad is not None:
+        raise TypeError(_not_plain(obj, f"type string {typestr!r} with field {bad}"))
 
 
 # ---- array interfaces ---------------------------------------------------------------------
@@ -132,6 +192,7 @@ def _cai_stream(iface: dict) -> int | None:
 
 
 def _from_interface(obj, iface: dict, kind: str | None, source: str, writable: bool) -> Buffer:
+    _check_plain(obj, iface)
     ptr, readonly = iface["data"]
     if writable and readonly:
         raise TypeError(f"{type(obj).__name__}: read-only array cannot be read into")

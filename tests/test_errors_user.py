@@ -288,17 +288,21 @@ def test_buffer_too_small_device(rt, engine, dev, tmp_path):
 
 
 def test_registration_overrun_says_what_it_holds(rt, engine, tmp_path):
+    """An extent from a registration over unregistered bytes into another one (a gap)."""
     path = tmp_path / "reg.bin"
     path.write_bytes(b"\1" * 16384)
-    buf = np.zeros(8192, np.uint8)
+    buf = np.zeros(12288, np.uint8)
     pio.register((buf.ctypes.data, 4096))
+    pio.register((buf.ctypes.data + 8192, 4096))
     try:
         with pio.open(path, "r") as f, pytest.raises(PhxIOError) as ei:
-            f.read((buf.ctypes.data, 8192), 8192, 0)
+            f.read((buf.ctypes.data, 12288), 12288, 0)
     finally:
         pio.deregister((buf.ctypes.data, 4096))
-    msg = extent(ei.value, path, 0, 8192, errno.EFAULT)
-    assert "registration" in msg and "holds 4096 bytes; the request needs 8192" in msg, msg
+        pio.deregister((buf.ctypes.data + 8192, 4096))
+    msg = extent(ei.value, path, 0, 12288, errno.EFAULT)
+    assert "registration" in msg and "holds 4096 bytes" in msg and "the request needs 12288" in msg, msg
+    assert "unregistered bytes" in msg and "register the gap" in msg, msg
 
 
 # ---- bad arguments stay ValueError / TypeError ----------------------------------------------

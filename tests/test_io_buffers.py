@@ -216,8 +216,9 @@ def test_registered_object_is_kept_alive(rt, clean_registrations):
 
 
 def test_extent_past_registration_is_refused_and_nothing_moves(rt, tmp_path, clean_registrations):
-    """A read that starts in a registration and runs past its end: EFAULT, and neither
-    the registered region nor the bytes beyond it (the canary) change."""
+    """A read that starts in a registration and runs past its end over unregistered bytes
+    into another registration (a gap between them): EFAULT, and neither the registered
+    region nor the bytes beyond it (the canary) change."""
     n, reg = 1 << 20, 256 * 1024
     ptr = rt.device_alloc(n)
     try:
@@ -227,21 +228,22 @@ def test_extent_past_registration_is_refused_and_nothing_moves(rt, tmp_path, cle
         data = np.random.default_rng(1).integers(0, 256, n, dtype=np.uint8)
         path.write_bytes(data.tobytes())
         pio.register((ptr, reg))
+        pio.register((ptr + 2 * reg, reg))  # [reg, 2 * reg) unregistered: a gap
         try:
             with pio.open(path, "r+") as f:
                 for mode in ("direct", "staged"):
                     with ps.override(mode=mode):
                         with pytest.raises(PhxIOError) as ei:
-                            f.read((ptr, n), reg + 1, 0, 0)
+                            f.read((ptr, n), 2 * reg + 1, 0, 0)
                         assert ei.value.errno == errno.EFAULT and "registration" in str(ei.value)
                         with pytest.raises(PhxIOError):
-                            f.read((ptr, n), 4096, 0, reg - 100)
+                            f.read((ptr, n), reg + 200, 0, reg - 100)
                         with pytest.raises(PhxIOError):  # writes too: the file is unchanged
-                            f.write((ptr, n), reg + 1, 0, 0)
-                        r = pio.batch([(f, (ptr, n), reg + 1, 0, 0, "read"), (f, (ptr, n), 10, 0, 0, "read")])
+                            f.write((ptr, n), 2 * reg + 1, 0, 0)
+                        r = pio.batch([(f, (ptr, n), 2 * reg + 1, 0, 0, "read"), (f, (ptr, n), 10, 0, 0, "read")])
                         assert isinstance(r[0], PhxIOError) and r[1] == 10
                         with pytest.raises(PhxIOError):  # stream-ordered: refused at submission
-                            f.read_async((ptr, n), reg + 1, 0, 0, 0)
+                            f.read_async((ptr, n), 2 * reg + 1, 0, 0, 0)
                 # inside the registration: fine
                 assert f.read((ptr, n), reg, 0, 0) == reg
             got = np.empty(n, np.uint8)
@@ -251,13 +253,15 @@ def test_extent_past_registration_is_refused_and_nothing_moves(rt, tmp_path, cle
             assert path.read_bytes() == data.tobytes()
         finally:
             pio.deregister((ptr, reg))
+            pio.deregister((ptr + 2 * reg, reg))
     finally:
         rt.device_free(ptr)
 
 
 def test_many_adjacent_registrations_stay_fast(rt, tmp_path, clean_registrations):
     """LMCache registers one tensor as consecutive 16 MiB regions: 20,000 of them
-    (a 320 GiB range of addresses; registration only records it) and lookups stay fast."""
+    (a 320 GiB range of addresses; registration only records it) and lookups stay fast,
+    one of an extent over all of them too."""
     lib = pio._lib
     region, count, base = 16 << 20, 20_000, 1 << 46
     t0 = time.perf_counter()
@@ -270,7 +274,11 @@ def test_many_adjacent_registrations_stay_fast(rt, tmp_path, clean_registrations
         for i in range(0, count, 7):
             a = base + i * region
             assert lib.phx_reg_lookup(a + region - 1, 1, ctypes.byref(info)) == 0 and info.base == a
-            assert lib.phx_reg_lookup(a + region - 1, 2, None) == -errno.EFAULT
+            # across into the next region (one run), or past the last into unregistered memory
+            assert lib.phx_reg_lookup(a + region - 1, 2, None) == (0 if i < count - 1 else 1)
+        # the whole run in one extent: a walk over all of them
+        assert lib.phx_reg_lookup(base + 1, count * region - 1, ctypes.byref(info)) == 0
+        assert (info.base, info.size) == (base, count * region)
         look_s = time.perf_counter() - t0
         assert lib.phx_reg_lookup(base - 1, 1, None) == 1
         assert lib.phx_reg_add(base + 5 * region + 1, 10, 0, 0) == -errno.EINVAL

@@ -126,32 +126,34 @@ def test_extent_past_the_buffer_is_refused_before_anything_moves(rt, engine, dev
 
 
 def test_extent_across_registrations_fails_alone(rt, engine, dev, data_file):
-    """A buffer registered as consecutive regions (as LMCache registers a tensor): an
-    extent that crosses from one region into the next is refused (EFAULT) and its bytes
-    stay poisoned; the other extents land."""
+    """A buffer registered as consecutive regions (as LMCache registers a tensor), region 2
+    short of its end by 4 KiB: an extent that crosses from one region into the next is
+    served, one that crosses the 4 KiB gap from region 2 into region 3 is refused (EFAULT)
+    and its bytes stay poisoned; the other extents land."""
     path, data = data_file
     region = 1 << 16
     d = dev(4 * region)
-    for k in range(4):
-        pio.register((d.ptr + k * region, region))
+    pieces = [(d.ptr + k * region, region - (4096 if k == 2 else 0)) for k in range(4)]
+    for p in pieces:
+        pio.register(p)
     try:
         fo = np.array([0, 100_000, 200_000, 300_000])
         sz = np.array([5000, 5000, 5000, 5000])
-        bo = np.array([0, region - 100, 2 * region, 3 * region + 7])  # extent 1 crosses regions 0|1
+        bo = np.array([0, region - 100, 3 * region - 4196, 3 * region + 1007])  # 1: regions 0|1, 2: over the gap
         with pio.open(path, "r") as f:
             with pytest.raises(PhxIOError) as ei:
                 f.read_many(d.buf(), fo, sz, bo)
-            assert ei.value.errno == errno.EFAULT and "extent 1 of 4" in str(ei.value)
+            assert ei.value.errno == errno.EFAULT and "extent 2 of 4" in str(ei.value)
             d.poison()
             got = f.read_many(d.buf(), fo, sz, bo, check=False)
-        np.testing.assert_array_equal(got, [5000, -errno.EFAULT, 5000, 5000])
+        np.testing.assert_array_equal(got, [5000, 5000, -errno.EFAULT, 5000])
         out = d.get()
-        assert (out[region - 100 : region + 4900] == POISON).all(), "the refused extent moved bytes"
-        for i in (0, 2, 3):
+        assert (out[bo[2] : bo[2] + sz[2]] == POISON).all(), "the refused extent moved bytes"
+        for i in (0, 1, 3):
             np.testing.assert_array_equal(out[bo[i] : bo[i] + sz[i]], data[fo[i] : fo[i] + sz[i]])
     finally:
-        for k in range(4):
-            pio.deregister((d.ptr + k * region, region))
+        for p in pieces:
+            pio.deregister(p)
 
 
 def test_failed_extent_fails_alone(rt, engine, dev, data_file):

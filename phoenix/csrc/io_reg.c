@@ -7,10 +7,21 @@
  * thousands of adjacent 16 MiB registrations LMCache makes of one tensor, and those
  * arrive in address order, so adding them appends (the memmove is empty).
  *
- * The extent rule (phoenix's, like the original's): an I/O extent that starts inside
- * a registration must end inside it; otherwise the request is refused with EFAULT
- * before any byte moves. An extent that starts in no registration is the caller's to
- * check (the Python layer checks it against the buffer object it was given).
+ * The extent rule. A registration says where memory lives (host, device, device the
+ * CPU addresses, and which device): what the vendor's pointer query would say, known
+ * without asking. Registrations that follow one another with no gap, of the same kind
+ * of memory on the same device, are one run (LMCache registers one tensor as adjacent
+ * 16 MiB regions): an extent that starts in a registration and lies in the run from
+ * there is registered memory of that kind. One that runs past the run's end into memory
+ * no registration holds is not refused here: its start's registration says nothing of
+ * the rest, so the caller classifies the extent as it does unregistered memory (the
+ * Python layer: inside the buffer it was given, by the vendor's pointer query, which
+ * refuses a device extent past its allocation; libphxfile, which knows no buffer but
+ * its registrations, refuses it). Refused with EFAULT before any byte moves: an extent
+ * that runs from its run into another registration, adjacent but of another kind of
+ * memory or device (one request moves one kind of memory), or past unregistered bytes
+ * (a gap: registrations with a hole between them are not one buffer). An extent that
+ * starts in no registration is the caller's to check.
  *
  * Beside it, phx_mem_probe: is a raw (pointer, size) host buffer readable memory at all.
  */
@@ -95,20 +106,41 @@ int phx_reg_remove(uint64_t base)
     return rc;
 }
 
+/* 0: [addr, addr+size) lies in the run of adjacent registrations of one kind of memory
+ * from the one holding addr; 1: addr is in no registration, or the extent runs past that
+ * run into memory no registration holds (then out is written too: the caller's check);
+ * -EFAULT: it runs from the run into another registration (another kind of memory or
+ * device, adjacent, or past a gap), or wraps. out: the registration holding addr
+ * (base, kind, references), its size widened to the end of the run as far as the walk
+ * went: the extent's end, or the run's end where the extent runs past it. The walk is
+ * as long as the registrations the extent spans. */
 int phx_reg_lookup(uint64_t addr, uint64_t size, struct phx_reg_info *out)
 {
     pthread_rwlock_rdlock(&reg_lock);
     size_t i = upper(addr);
     int rc = 1;
     if (i > 0 && addr < regs[i - 1].end) {
-        struct reg *r = &regs[i - 1];
-        rc = (addr + size > r->end || addr + size < addr) ? -EFAULT : 0;
+        size_t k = i - 1, j = k;
+        uint64_t end = addr + size;
+        if (end < addr) {
+            rc = -EFAULT;
+        } else {
+            while (regs[j].end < end && j + 1 < nregs && regs[j + 1].base == regs[j].end &&
+                   regs[j + 1].mem == regs[k].mem && regs[j + 1].device == regs[k].device)
+                j++;
+            if (end <= regs[j].end)
+                rc = 0;
+            else if (j + 1 < nregs && regs[j + 1].base < end)
+                rc = -EFAULT; /* into another registration: another kind, or past a gap */
+            else
+                rc = 1; /* past the run into unregistered memory: the caller's to check */
+        }
         if (out) {
-            out->base = r->base;
-            out->size = r->end - r->base;
-            out->mem = r->mem;
-            out->device = r->device;
-            out->refs = r->refs;
+            out->base = regs[k].base;
+            out->size = regs[j].end - regs[k].base;
+            out->mem = regs[k].mem;
+            out->device = regs[k].device;
+            out->refs = regs[k].refs;
             out->reserved = 0;
         }
     }

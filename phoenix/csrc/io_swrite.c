@@ -9,12 +9,22 @@
  * write lands after it, although the caller's stream has not reached the write yet.
  * The list is short (the writes queued on streams at once); a sequence number keeps a
  * waiter to the writes listed before it began (writes queued later do not hold it).
+ *
+ * What depends on what (sw_depends): a waiter that does not depend on a queued write
+ * must not wait for it, since the write's stream may be held for seconds, or for ever
+ * where what lets it go waits on the waiting thread. A write depends on a queued write
+ * where they overlap. A read does too, and also where it reaches past the file's end at
+ * the call and the queued write ends past that end and past the read's start: the write
+ * grows the file into the read's range, whose bytes past the old end then read as zeros
+ * the count includes. The file's size is asked (fstat) only for a read, and only when
+ * a queued write of the same inode that does not overlap it ends past its start.
  */
 #include "io_file.h"
 #include "io_sync.h"
 
 #include <errno.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 struct stream_write {
     uint64_t dev, ino;
@@ -74,25 +84,56 @@ void stream_write_end(struct stream_write *w)
     sw_unref(w);
 }
 
-/* Does a request [off, end) of op depend on write w? A write: where they overlap. A read:
- * also where w lies past it (w grows the file: the read's range past the old end becomes
- * a hole of zeros that the read now counts). */
-static int sw_depends(const struct stream_write *w, int op, int64_t off, int64_t end)
+/* The file's size for sw_depends: a regular file's st_size; INT64_MAX for anything
+ * else (a block device: a write does not grow it, so only overlaps count); 0 where fstat
+ * fails (every write ending past the read's start counts: waiting is never wrong). */
+static int64_t sw_file_size(const phx_file *f)
 {
-    return w->end > off && (op == PHX_OP_READ || w->off < end);
+    struct stat st;
+    if (fstat(f->fd_buf, &st) != 0)
+        return 0;
+    return S_ISREG(st.st_mode) ? (int64_t)st.st_size : INT64_MAX;
+}
+
+/* Does a request [off, end) of op depend on write w (same inode, listed before it)? An
+ * overlap; for a read also w growing the file into it (size: the file's at the call, -1
+ * not asked yet: then *need_size is set where only the size decides). */
+static int sw_depends(const struct stream_write *w, int op, int64_t off, int64_t end, int64_t size,
+                      int *need_size)
+{
+    if (w->off < end && w->end > off)
+        return 1;
+    if (op != PHX_OP_READ || w->end <= off)
+        return 0;
+    if (size < 0) {
+        *need_size = 1;
+        return 0;
+    }
+    return end > size && w->end > size;
 }
 
 void stream_writes_wait(const phx_file *f, int op, int64_t off, uint64_t len)
 {
     if (!atomic_load(&sw_listed) || !len || off < 0 || len > (uint64_t)(INT64_MAX - off))
         return;
-    int64_t end = off + (int64_t)len;
+    int64_t end = off + (int64_t)len, size = -1;
     pthread_mutex_lock(&sw_mu);
     uint64_t upto = sw_seq; /* the writes listed before this call */
     for (;;) {
+        int need_size = 0;
         struct stream_write *w = sw_head;
-        while (w && (w->seq > upto || w->dev != f->st_dev || w->ino != f->st_ino || !sw_depends(w, op, off, end)))
+        while (w && (w->seq > upto || w->dev != f->st_dev || w->ino != f->st_ino ||
+                     !sw_depends(w, op, off, end, size, &need_size)))
             w = w->next;
+        if (!w && need_size) {
+            /* a listed write may grow the file into the read: the size says. Asked once,
+             * without the lock (writes listed meanwhile are past upto; one that grew the
+             * file meanwhile is seen grown, and what it grew the read sees) */
+            pthread_mutex_unlock(&sw_mu);
+            size = sw_file_size(f);
+            pthread_mutex_lock(&sw_mu);
+            continue;
+        }
         if (!w)
             break;
         atomic_fetch_add(&w->refs, 1); /* (still listed: the op's reference holds it) */

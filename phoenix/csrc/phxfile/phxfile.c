@@ -20,11 +20,15 @@
  * The CPython API is resolved with dlsym at open time: the library has no link-time
  * dependency on libpython, and outside a Python process every call says -ENOSYS.
  *
- * Extent rule: [buf_base + buf_offset, +nbytes) must lie inside the registration that
- * holds buf_base (or, for an unregistered buf_base, must not start inside a
- * registration and run past it, and, for host memory, must be mapped): otherwise -EFAULT
- * at submission, nothing moves. nbytes and file_offset + nbytes stay below 2^63 (-EINVAL).
- * A host-memory registration must be mapped when it is made (-EFAULT).
+ * Extent rule: [buf_base + buf_offset, +nbytes) must lie inside the registrations of
+ * buf_base: the one that holds it and those that follow it with no gap, of the same
+ * kind of memory on the same device (LMCache registers one tensor as adjacent regions;
+ * an extent may span them). For an unregistered buf_base the extent must not start
+ * inside a registration and run past such a run, and host memory must be mapped.
+ * Otherwise -EFAULT at submission, nothing moves: a registration is the only end of a
+ * buffer this ABI knows (there is no buffer size), so the memory past it is not taken
+ * on trust. nbytes and file_offset + nbytes stay below 2^63 (-EINVAL). A host-memory
+ * registration must be mapped when it is made (-EFAULT).
  *
  * Locks and the GIL. The GIL is no ordinary lock: Python code run under it (the driver's
  * open asks phoenix.phxfile, which imports, calls ctypes functions, ...) lets it go and
@@ -597,18 +601,22 @@ static int submit(int op, void *fh, void *buf_base, size_t *nbytes, int64_t *fil
         goto fail;
     }
     uint64_t addr = base + (uint64_t)boff;
-    struct phx_reg_info info;
+    struct phx_reg_info info = {0};
     int mem, device;
     if (c_reg_lookup(base, 1, &info) == 0) {
-        /* the extent must lie inside the registration of buf_base */
-        if (addr < info.base || addr + size > info.base + info.size) {
+        /* [buf_base, end of the extent) must lie in the run of registrations from buf_base's
+         * (the core says 1 for one that runs past it into unregistered memory: refused here) */
+        if (c_reg_lookup(base, (uint64_t)boff + size, &info) != 0) {
             rc = -EFAULT;
             goto fail;
         }
         mem = info.mem;
         device = info.device;
     } else {
+        info.size = 0;
         rc = c_reg_lookup(addr, size ? size : 1, &info);
+        if (rc == 1 && info.size) /* starts in a registration, runs past its run */
+            rc = -EFAULT;
         if (rc == -EFAULT)
             goto fail;
         if (rc == 0) {
