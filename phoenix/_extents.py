@@ -254,7 +254,9 @@ def register(buf) -> int:
     Registering records where the memory lives (so I/O on it skips the vendor's pointer
     query) and keeps the object alive until :func:`deregister`. An exact duplicate is
     reference counted; any other overlap with a registration raises RegistrationError.
-    An I/O extent that starts inside a registration must end inside it (EFAULT).
+    An I/O extent that starts inside a registration must end inside it, or in the
+    registrations of the same memory that follow it with no gap, or in unregistered memory
+    (else EFAULT: nothing moves).
     """
     rt = _runtime()
     b = _buffers.adapt(buf, writable=False)
@@ -269,9 +271,6 @@ def register(buf) -> int:
     except _buffers.OutOfBounds as exc:
         b.release()
         raise RegistrationError(f"cannot register [{b.addr:#x}, +{b.nbytes}): {exc}") from None
-    if mem == _buffers.MEM_HOST and _lib.phx_mem_probe(b.addr, b.nbytes) == -_errno.EFAULT:
-        b.release()
-        raise RegistrationError(f"cannot register [{b.addr:#x}, +{b.nbytes}): not accessible memory (freed?)")
     with _reg_lock:
         # the core's entry and the buffer kept for it are made in one C call: no exception
         # (a signal handler's) can leave one without the other
@@ -287,6 +286,11 @@ def register(buf) -> int:
                     other = f" (overlaps [{info.base:#x}, +{info.size}))"
                     break
             raise RegistrationError(f"cannot register [{b.addr:#x}, +{b.nbytes}): {_strerror(rc)}{other}")
+        if mem == _buffers.MEM_HOST and _lib.phx_mem_probe(b.addr, b.nbytes) == -_errno.EFAULT:
+            _calls.reg_unkeep(_registered[b.addr], b.addr)
+            if not _registered[b.addr]:
+                del _registered[b.addr]
+            raise RegistrationError(f"cannot register [{b.addr:#x}, +{b.nbytes}): not accessible memory (freed?)")
     return b.addr
 
 

@@ -290,9 +290,9 @@ class PhxFile:
         priority: str = "normal",
     ) -> int:
         """Blocking :meth:`pread`: the byte count (short at end of file). A :meth:`write_async`
-        of this file (any handle) issued before it on the range (or past it: it grows the
-        file) is waited for on the host, queued on its stream or not: the read returns what
-        it wrote."""
+        of this file (any handle) issued before it on the range (or one that grows the file
+        into the range the read has past the file's end) is waited for on the host, queued on
+        its stream or not: the read returns what it wrote."""
         return self.pread(buf, size, file_offset, buf_offset, stream=stream, priority=priority).result()
 
     def write(

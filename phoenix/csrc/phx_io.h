@@ -275,8 +275,10 @@ int phx_reg_add(uint64_t base, uint64_t size, int mem, int device);
 /* Drop one reference of the registration starting at base: the references left, or
  * -ENOENT for an unknown base. */
 int phx_reg_remove(uint64_t base);
-/* Where does [addr, addr+size) stand? 0: inside the registration written to out; 1: not
- * registered; -EFAULT: starts inside a registration and runs past its end. */
+/* Where does [addr, addr+size) stand? 0: inside the run of adjacent registrations of one
+ * kind and device that starts with the one holding addr (out: its base, the run's size);
+ * 1: not registered, or runs past that run into unregistered memory (out written);
+ * -EFAULT: runs into another registration (another kind or device, or past a gap), or wraps. */
 int phx_reg_lookup(uint64_t addr, uint64_t size, struct phx_reg_info *out);
 /* Drop every registration (driver close); returns how many there were. */
 int phx_reg_clear(void);
