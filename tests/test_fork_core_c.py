@@ -18,7 +18,8 @@ It forks at random moments; each child (killed by its alarm after 20 s: a hang f
 * reads a range of a file that a parent's stream-ordered write (never run here) covers:
   at once, the bytes the file has;
 * sees the held stream's dropped work reported once (LAUNCH_FAILURE), the held event
-  failed, and new work on that stream run;
+  failed, new work on that stream run, and the device memory the dropped copies named
+  freed at once;
 * keeps the registration table, closes the parent's files, forgets the parent's contexts
   (no waiting), and ends with no thread, context, request or stream op counted.
 
@@ -80,7 +81,7 @@ API(DECL)
 
 /* the host runtime (hostrt.h, prefix phxh): CUDA-shaped */
 typedef void (*hostfn)(void *);
-static int (*h_malloc)(void **, size_t), (*h_memcpy)(void *, const void *, size_t, int);
+static int (*h_malloc)(void **, size_t), (*h_free)(void *), (*h_memcpy)(void *, const void *, size_t, int);
 static int (*h_stream_create)(void **, unsigned), (*h_stream_sync)(void *), (*h_stream_destroy)(void *);
 static int (*h_launch)(void *, hostfn, void *), (*h_event_create)(void **, unsigned), (*h_event_record)(void *, void *);
 static int (*h_event_query)(void *), (*h_event_sync)(void *);
@@ -136,6 +137,7 @@ static void load(const char *core_path, const char *rt_path)
     API(LOAD)
 #define RT(name) sym(rt, "phxh" name)
     h_malloc = RT("Malloc");
+    h_free = RT("Free");
     h_memcpy = RT("Memcpy");
     h_stream_create = RT("StreamCreateWithFlags");
     h_stream_sync = RT("StreamSynchronize");
@@ -311,7 +313,7 @@ static void *t_stream(void *arg)
 static void *sh, *ev_held;
 static phx_sop *held_sop;
 static phx_req *held_req;
-static void *held_dev;
+static void *held_dev, *held_src; /* the held read's destination, the held write's source */
 #define SC (512u << 10)
 
 static int64_t elapsed_ms(struct timespec t0)
@@ -396,6 +398,8 @@ static void child(int i)
     atomic_int ran = 0;
     CHECK(h_launch(sh, count_fn, &ran) == 0 && h_stream_sync(sh) == 0 && ran == 1, "held stream: new work");
     CHECK(h_stream_destroy(sh) == 0, "destroy held stream");
+    /* device memory that the dropped copies named: freed at once (not waiting for them) */
+    CHECK(h_free(held_src) == 0 && h_free(held_dev) == 0, "free what dropped copies named");
 
     /* registrations: the table stays, and changes */
     struct phx_reg_info info;
@@ -451,10 +455,10 @@ int main(int argc, char **argv)
     h_stream_create(&sh, 1);
     h_event_create(&ev_held, 2);
     CHECK(h_launch(sh, gate_fn, NULL) == 0 && h_event_record(ev_held, sh) == 0, "held stream");
-    void *dc = dev_alloc(SC);
+    held_src = dev_alloc(SC);
     fill(ck, SC, 5);
-    h_memcpy(dc, ck, SC, H2D);
-    struct phx_io_desc dw = desc(fc, dc, SC, 0, PHX_OP_WRITE, PHX_MEM_DEVICE);
+    h_memcpy(held_src, ck, SC, H2D);
+    struct phx_io_desc dw = desc(fc, held_src, SC, 0, PHX_OP_WRITE, PHX_MEM_DEVICE);
     CHECK(C(phx_stream_io)(ctx_held, &dw, sh, NULL, &held_sop) == 0, "held write");
     phx_fence *fence = NULL;
     CHECK(C(phx_fence_record)(ctx_held, 0, sh, &fence) == 0 && fence, "fence");
