@@ -425,19 +425,23 @@ def _blocked(tid: int) -> set[int]:
 
 
 def test_worker_threads_block_asynchronous_signals(tmp_path, engine, rt, dev):
-    """The core's workers and the host runtime's stream workers block the asynchronous signals
-    (a process-directed SIGINT or SIGTERM goes to an application thread: Python's handlers) and
-    not the synchronous ones a thread raises itself (SIGBUS of a copy from a truncated mapping
-    must reach the fault guard). Before the fix the core's workers blocked nothing."""
+    """The core's workers and file-mapping registrar and the host runtime's stream workers block
+    the asynchronous signals (a process-directed SIGINT or SIGTERM goes to an application
+    thread: Python's handlers) and not the synchronous ones a thread raises itself (SIGBUS of a
+    copy from a truncated mapping must reach the fault guard). Before the fix the core's
+    threads blocked nothing."""
     import phoenix.settings as ps
 
     data = np.random.default_rng(5).integers(0, 256, 1 << 20, dtype=np.uint8)
+    data.tofile(tmp_path / "sig.bin")  # in the page cache: a read of it misses the file-mapping cache
     d = dev(data.nbytes)
     s = rt.stream_create(0)
     try:
-        with ps.override(engine=engine), pio.open(tmp_path / "sig.bin", "w+") as f:
-            assert f.write(data) == data.nbytes
+        settings = ps.override(engine=engine, mode="staged", fmap_mode="auto", fmap_window=2 << 20)
+        with settings, pio.open(tmp_path / "sig.bin", "r") as f:
             assert f.read(d.buf()) == data.nbytes  # staged: the workers' streams exist now
+            assert np.array_equal(d.get(), data)
+            assert pio.fmap_wait(timeout=30)  # a miss: the registrar started
             op = f.read_async(d.buf(), data.nbytes, 0, 0, s)
             rt.stream_synchronize(s)
             assert op.result() == data.nbytes
@@ -445,8 +449,9 @@ def test_worker_threads_block_asynchronous_signals(tmp_path, engine, rt, dev):
             for tid in map(int, os.listdir("/proc/self/task")):
                 with open(f"/proc/self/task/{tid}/comm") as c:
                     names[tid] = c.read().strip()
-            workers = [t for t, n in names.items() if n in ("phx-io", "hostrt-stream")]
-            assert {"phx-io", "hostrt-stream"} <= set(names.values()), names
+            kinds = {"phx-io", "phx-fmap", "hostrt-stream"}
+            workers = [t for t, n in names.items() if n in kinds]
+            assert kinds <= set(names.values()), names
             for tid in workers:
                 blocked = _blocked(tid)
                 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGUSR1, signal.SIGALRM):
