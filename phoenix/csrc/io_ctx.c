@@ -80,6 +80,7 @@ static int ctx_create_engine(const struct phx_io_config *cfg, const struct phx_d
     if (!ctx)
         return -ENOMEM;
     ctx->cfg = *cfg;
+    ctx->gen = io_gen();
     ctx->engine = engine;
     snprintf(ctx->engine_why, sizeof(ctx->engine_why), "%s", engine_why);
     if (dp) {
@@ -185,15 +186,39 @@ int64_t phx_ctx_prepare(phx_ctx *ctx)
 {
     if (!ctx)
         return -EINVAL;
+    if (ctx_forked(ctx))
+        return -ECHILD;
     if (!ctx->has_dp)
         return 0; /* no staging without a data path: nothing to pin */
     return pool_prepare(&ctx->pool);
+}
+
+/* A parent's context in a forked child: its workers and registrar do not exist (nothing to
+ * wait for or join) and its locks may have been held by them. It is forgotten, not freed:
+ * its memory, bounce pool and vendor streams leak; the counters let it go. */
+static void ctx_forget(phx_ctx *ctx)
+{
+    int64_t streams = 0;
+    for (int i = 0; i < ctx->nworkers; i++)
+        for (int d = 0; d < IO_MAX_DEVICES; d++)
+            streams += ctx->workers[i].streams[d] != NULL;
+    int64_t bytes = 0;
+    for (int i = 0; i < ctx->pool.nsegs; i++)
+        bytes += (int64_t)ctx->pool.segs[i].size;
+    STAT_ADD(worker_streams, -streams);
+    STAT_ADD(bounce_bytes, -bytes);
+    STAT_ADD(bounce_in_use, -(int64_t)ctx->pool.in_use);
+    STAT_ADD(contexts, -1);
 }
 
 void phx_ctx_destroy(phx_ctx *ctx)
 {
     if (!ctx)
         return;
+    if (ctx_forked(ctx)) {
+        ctx_forget(ctx);
+        return;
+    }
     pthread_mutex_lock(&ctx->mu);
     while (ctx->inflight > 0)
         pthread_cond_wait(&ctx->cv, &ctx->mu);

@@ -9,6 +9,7 @@
 
 #include "io_common.h"
 #include "io_fmap.h"
+#include "io_fork.h"
 #include "io_pool.h"
 
 struct io_chunk;
@@ -50,7 +51,11 @@ struct phx_ctx {
     pthread_cond_t cv;
     int64_t inflight;         /* requests + stream ops */
     struct io_fmap fmap;
+    uint64_t gen;             /* io_fork_gen when made (io_fork.c) */
 };
+
+/* Made by the parent of this process before it forked: its threads do not exist here. */
+static inline int ctx_forked(const phx_ctx *ctx) { return ctx->gen != io_gen(); }
 
 #pragma GCC visibility push(hidden)
 /* Count a request or stream op in (-ESHUTDOWN once stopping) and out (wakes destroy). */

@@ -60,6 +60,7 @@ static phx_file *file_new(void)
         return NULL;
     f->fd_direct = -1;
     f->fd_buf = -1;
+    atomic_init(&f->gen, io_gen());
     pthread_mutex_init(&f->mu, NULL);
     pthread_cond_init(&f->cv, NULL);
     return f;
@@ -326,6 +327,7 @@ int phx_file_from_fd(int fd, int direct, phx_file **out)
 
 int file_get(phx_file *f)
 {
+    file_own(f);
     pthread_mutex_lock(&f->mu);
     int rc = f->closing ? -EBADF : 0;
     if (!rc)
@@ -360,6 +362,7 @@ int phx_file_close(phx_file *f)
 {
     if (!f)
         return -EBADF;
+    file_own(f); /* in a forked child: the parent's requests are not waited for */
     pthread_mutex_lock(&f->mu);
     f->closing = 1;
     while (f->inflight > 0)
@@ -402,6 +405,7 @@ void file_disable_direct(phx_file *f, const char *why)
     int expect = 1;
     if (atomic_compare_exchange_strong(&f->direct_ok, &expect, 0)) {
         STAT_ADD(direct_fallbacks, 1);
+        file_own(f);
         pthread_mutex_lock(&f->mu);
         snprintf(f->why, sizeof(f->why), "buffered: %s", why);
         pthread_mutex_unlock(&f->mu);
@@ -418,6 +422,7 @@ int phx_file_query(phx_file *f, struct phx_file_info *out)
     out->dio_mem_align = f->a_mem;
     out->fd_direct = f->fd_direct;
     out->fd_buffered = f->fd_buf;
+    file_own(f);
     out->known_size = atomic_load(&f->known_size);
     pthread_mutex_lock(&f->mu);
     memcpy(out->why, f->why, sizeof(out->why));

@@ -8,6 +8,7 @@
 #define PHX_IO_FILE_H
 
 #include "io_common.h"
+#include "io_fork.h"
 
 struct phx_file {
     int fd_direct; /* -1 when O_DIRECT is not used */
@@ -33,6 +34,7 @@ struct phx_file {
     int64_t fault_off;
     uint64_t fault_len;
     char why[160];
+    _Atomic uint64_t gen;       /* the fork generation whose requests mu and inflight count */
 };
 
 #pragma GCC visibility push(hidden)
@@ -58,5 +60,12 @@ int io_cachestat(int fd, int64_t off, uint64_t len, uint64_t *nr_cache);
  * buffered)? Backs off while the answer is no. */
 int file_mostly_cached(phx_file *f, int64_t off, uint64_t len);
 #pragma GCC visibility pop
+
+/* Before f->mu is taken: a parent's file is taken over once in a forked child (io_fork.c). */
+static inline void file_own(phx_file *f)
+{
+    if (atomic_load_explicit(&f->gen, memory_order_acquire) != io_gen())
+        file_fork_adopt(f);
+}
 
 #endif

@@ -333,11 +333,15 @@ void fmap_req_copied(phx_ctx *ctx, phx_req *r)
 }
 
 /* ---- control plane -------------------------------------------------------------------------- */
+/* (a parent's context in a forked child: -ECHILD; a thread the child does not have may hold
+ * its mutex, and its registrar is gone) */
 
 int phx_fmap_query(phx_ctx *ctx, struct phx_fmap_info *o)
 {
     if (!ctx || !o)
         return -EINVAL;
+    if (ctx_forked(ctx))
+        return -ECHILD;
     struct io_fmap *m = &ctx->fmap;
     memset(o, 0, sizeof(*o));
     pthread_mutex_lock(&m->mu);
@@ -369,6 +373,8 @@ int phx_fmap_simulate_pressure(phx_ctx *ctx)
 {
     if (!ctx)
         return -EINVAL;
+    if (ctx_forked(ctx))
+        return -ECHILD;
     struct io_fmap *m = &ctx->fmap;
     if (m->mode == PHX_FMAP_OFF)
         return 0;
@@ -386,6 +392,8 @@ int phx_fmap_lookup(phx_ctx *ctx, phx_file *f, int64_t offset, uint64_t length, 
         *host_addr = NULL;
     if (!ctx || !f || offset < 0)
         return -EINVAL;
+    if (ctx_forked(ctx))
+        return -ECHILD;
     struct io_fmap *m = &ctx->fmap;
     if (m->mode == PHX_FMAP_OFF)
         return -ENOSYS;
@@ -411,6 +419,8 @@ int phx_fmap_wait(phx_ctx *ctx, int64_t timeout_ns)
 {
     if (!ctx)
         return -EINVAL;
+    if (ctx_forked(ctx))
+        return -ECHILD;
     struct io_fmap *m = &ctx->fmap;
     int64_t deadline = timeout_ns >= 0 ? io_deadline_ns(timeout_ns) : 0;
     int rc = 0;
@@ -439,5 +449,7 @@ int phx_fmap_clear(phx_ctx *ctx)
 {
     if (!ctx)
         return -EINVAL;
+    if (ctx_forked(ctx))
+        return -ECHILD;
     return fmap_clear_all(ctx, 0);
 }

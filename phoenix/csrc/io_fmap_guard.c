@@ -18,6 +18,7 @@
  * CPU (PHX_CFG_CPU_COPIES: test doubles) list windows and install the handler: hardware
  * copies are DMAs, and an application's own SIGBUS handling is left alone there. */
 #include "io_fmap.h"
+#include "io_fork.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -176,4 +177,16 @@ int64_t fg_valid_end(const struct io_fwin *w)
     /* (a page before the window when p is its first: that page, the previous window's
      * last, may be the one holding the file's new end) */
     return w->off + (int64_t)(p - (uintptr_t)w->addr) - (int64_t)fg_page;
+}
+
+/* fork (io_fork.c): the mappings listed stay mapped in the child (and listed), the handler
+ * installed; the lock is the child's own. */
+void fg_fork(int phase)
+{
+    if (phase == IO_FORK_PREPARE)
+        pthread_mutex_lock(&fg_mu);
+    else if (phase == IO_FORK_PARENT)
+        pthread_mutex_unlock(&fg_mu);
+    else
+        pthread_mutex_init(&fg_mu, NULL);
 }

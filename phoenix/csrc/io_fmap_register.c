@@ -11,6 +11,7 @@
  */
 #include "io_ctx.h"
 #include "io_fmap.h"
+#include "io_fork.h"
 #include "io_sync.h"
 
 #include <errno.h>
@@ -335,7 +336,7 @@ void fmap_registrar_start_locked(phx_ctx *ctx)
     struct io_fmap *m = &ctx->fmap;
     if (m->started)
         return;
-    if (pthread_create(&m->th, NULL, registrar_main, ctx) == 0) {
+    if (io_thread_create(&m->th, registrar_main, ctx) == 0) { /* asynchronous signals blocked */
         m->started = 1; /* (not in the threads counter: that counts the workers) */
     }
 }

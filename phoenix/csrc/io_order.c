@@ -57,6 +57,8 @@ int phx_fence_record(phx_ctx *ctx, int device, void *stream, phx_fence **out)
     if (!ctx || !out || device < -1 || device >= IO_MAX_DEVICES)
         return -EINVAL;
     *out = NULL;
+    if (ctx_forked(ctx))
+        return -ECHILD;
     if (!ctx->has_dp)
         return -ENODEV;
     const struct phx_dp_table *dp = &ctx->dp;
@@ -124,6 +126,8 @@ void phx_fence_release(phx_fence *f)
     if (!f || atomic_fetch_sub(&f->refs, 1) != 1)
         return;
     phx_ctx *ctx = f->ctx;
+    if (ctx_forked(ctx))
+        return; /* a parent's, in a forked child: its context's locks may be held for good */
     pthread_mutex_lock(&ctx->fence_mu);
     f->next = ctx->fence_free;
     ctx->fence_free = f;

@@ -26,6 +26,7 @@
  * Beside it, phx_mem_probe: is a raw (pointer, size) host buffer readable memory at all.
  */
 #include "io_common.h"
+#include "io_fork.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -159,6 +160,18 @@ int phx_reg_clear(void)
     capregs = 0;
     pthread_rwlock_unlock(&reg_lock);
     return n;
+}
+
+/* ---- fork (io_fork.c): the table stays, its lock is the child's own -------------------- */
+
+void reg_fork(int phase)
+{
+    if (phase == IO_FORK_PREPARE)
+        pthread_rwlock_wrlock(&reg_lock);
+    else if (phase == IO_FORK_PARENT)
+        pthread_rwlock_unlock(&reg_lock);
+    else
+        pthread_rwlock_init(&reg_lock, NULL);
 }
 
 /* ---- the memory probe (raw host buffers) ---------------------------------------------- */

@@ -79,6 +79,7 @@ struct phx_req {
     int64_t result;
     io_done_fn on_done;
     void *on_done_arg;
+    uint64_t gen;           /* io_fork_gen when submitted: a parent's request in a forked child */
     uint32_t nchunks;
     struct io_chunk chunks[];
 };

@@ -34,6 +34,7 @@
 #include "io_ctx.h"
 #include "io_file.h"
 #include "io_fmap.h"
+#include "io_fork.h"
 #include "io_pool.h"
 #include "io_order.h"
 #include "io_req.h"
@@ -80,6 +81,7 @@ struct phx_sop {
     int64_t direct_result;
     int fmap_write; /* counted by fmap_write_begin (here, not in the callbacks: it may unregister) */
     struct stream_write *listed; /* a write: what blocking calls on its range wait for */
+    uint64_t gen;                /* io_fork_gen when queued: a parent's op in a forked child */
     struct sop_chunk ch[];
 };
 
@@ -324,6 +326,7 @@ static int stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, in
     s->desc.size = size;
     s->size = size;
     s->nch = nch;
+    s->gen = io_gen();
     atomic_init(&s->refs, out ? 2 : 1);
     int rc = file_get(f);
     if (rc < 0) {
@@ -414,6 +417,8 @@ int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64
 {
     if (!ctx || !d)
         return -EINVAL;
+    if (ctx_forked(ctx))
+        return -ECHILD;
     if (!ctx->has_dp)
         return -ENODEV; /* launch_host_func comes from the vendor */
     const struct phx_dp_table *dp = &ctx->dp;
@@ -428,20 +433,31 @@ int phx_stream_io(phx_ctx *ctx, const struct phx_io_desc *d, void *stream, int64
     return rc;
 }
 
+/* An op the parent of this (forked) process queued and its stream had not run to its end
+ * at the fork: nothing runs it here (the stream's work was the parent's). Done, -ECHILD. */
+static int sop_orphan(const phx_sop *s)
+{
+    return s->gen != io_gen() && !io_flag_is_set(&s->state);
+}
+
 int phx_sop_done(const phx_sop *s)
 {
-    return s && io_flag_is_set(&s->state);
+    return s && (io_flag_is_set(&s->state) || sop_orphan(s));
 }
 
 int phx_sop_wait(phx_sop *s, int64_t timeout_ns)
 {
     if (!s)
         return -EINVAL;
+    if (sop_orphan(s))
+        return 0;
     return io_wait_flag(&s->state, timeout_ns);
 }
 
 int64_t phx_sop_result(const phx_sop *s)
 {
+    if (s && sop_orphan(s))
+        return -ECHILD;
     if (!phx_sop_done(s))
         return -EBUSY;
     return s->result;

@@ -12,6 +12,7 @@
 #include "io_ctx.h"
 #include "io_file.h"
 #include "io_fmap.h"
+#include "io_fork.h"
 #include "io_order.h"
 #include "io_req.h"
 #include "io_sync.h"
@@ -68,6 +69,8 @@ int phx_submit(phx_ctx *ctx, const struct phx_io_desc *descs, uint32_t n, phx_re
 {
     if (!ctx || (n && (!descs || !out)))
         return -EINVAL;
+    if (ctx_forked(ctx))
+        return -ECHILD;
     struct io_chunk *head[2] = {NULL, NULL}, *tail[2] = {NULL, NULL}; /* by priority */
     int nq[2] = {0, 0};
     for (uint32_t i = 0; i < n; i++) {
@@ -87,6 +90,7 @@ int phx_submit(phx_ctx *ctx, const struct phx_io_desc *descs, uint32_t n, phx_re
             return i ? 0 : -ENOMEM;
         }
         out[i] = r;
+        r->gen = io_gen();
         if (!queued)
             continue;
         /* memory the CPU or the disk touches: the caller's stream must have passed the
@@ -125,6 +129,8 @@ int io_submit_one(phx_ctx *ctx, const struct phx_io_desc *d, int internal, io_do
     phx_req *r = req_build(ctx, d, internal, on_done, arg, out != NULL, &queued);
     if (!r)
         return -ENOMEM;
+    if (r != REQ_DONE_NO_HANDLE)
+        r->gen = io_gen();
     if (out)
         *out = r;
     if (!queued)
@@ -144,20 +150,31 @@ int io_submit_one(phx_ctx *ctx, const struct phx_io_desc *d, int internal, io_do
     return 0;
 }
 
+/* A request the parent of this (forked) process submitted and that was not done at the
+ * fork: the workers that would run it do not exist here. It counts as done, with -ECHILD. */
+static int req_orphan(const phx_req *r)
+{
+    return r->gen != io_gen() && !io_flag_is_set(&r->state);
+}
+
 int phx_req_wait(phx_req *r, int64_t timeout_ns)
 {
     if (!r)
         return -EINVAL;
+    if (req_orphan(r))
+        return 0;
     return io_wait_flag(&r->state, timeout_ns);
 }
 
 int phx_req_done(const phx_req *r)
 {
-    return r && io_flag_is_set(&r->state);
+    return r && (io_flag_is_set(&r->state) || req_orphan(r));
 }
 
 int64_t phx_req_result(const phx_req *r)
 {
+    if (r && req_orphan(r))
+        return -ECHILD;
     if (!phx_req_done(r))
         return -EBUSY;
     return r->result;
@@ -165,6 +182,13 @@ int64_t phx_req_result(const phx_req *r)
 
 int phx_req_error_extent(const phx_req *r, int64_t *offset, uint64_t *length)
 {
+    if (r && req_orphan(r)) { /* the whole request failed */
+        if (offset)
+            *offset = r->foff;
+        if (length)
+            *length = r->size;
+        return 0;
+    }
     if (!phx_req_done(r) || r->result >= 0)
         return -ENOENT;
     if (offset)
@@ -187,6 +211,11 @@ int phx_req_wait_all(phx_req **reqs, uint32_t n, int64_t *results, int64_t timeo
         if (!reqs[i]) {
             if (results)
                 results[i] = -ENOMEM;
+            continue;
+        }
+        if (req_orphan(reqs[i])) {
+            if (results)
+                results[i] = -ECHILD;
             continue;
         }
         int64_t left = -1;

@@ -20,6 +20,7 @@
  * a queued write of the same inode that does not overlap it ends past its start.
  */
 #include "io_file.h"
+#include "io_fork.h"
 #include "io_sync.h"
 
 #include <errno.h>
@@ -143,4 +144,20 @@ void stream_writes_wait(const phx_file *f, int op, int64_t off, uint64_t len)
         pthread_mutex_lock(&sw_mu);
     }
     pthread_mutex_unlock(&sw_mu);
+}
+
+/* fork (io_fork.c): the writes listed are the parent's stream ops', which nothing runs in
+ * the child (their callbacks were queued on the parent's streams): dropped, so that no
+ * blocking call of the child waits for them. */
+void sw_fork(int phase)
+{
+    if (phase == IO_FORK_PREPARE) {
+        pthread_mutex_lock(&sw_mu);
+    } else if (phase == IO_FORK_PARENT) {
+        pthread_mutex_unlock(&sw_mu);
+    } else {
+        pthread_mutex_init(&sw_mu, NULL);
+        sw_head = NULL;
+        atomic_store(&sw_listed, 0);
+    }
 }

@@ -22,6 +22,7 @@
  * What a worker does with a chunk is io_chunk.c (file I/O) and io_copy.c (device
  * copies); here: taking chunks, sleeping, waking, starting and stopping.
  */
+#include "io_fork.h"
 #include "io_pool.h"
 #include "io_sync.h"
 #include "io_worker.h"
@@ -621,7 +622,7 @@ int workers_start(phx_ctx *ctx, int engine)
             break;
         }
         w->start = &ss;
-        if ((rc = -pthread_create(&w->th, NULL, worker_main, w)) < 0)
+        if ((rc = -io_thread_create(&w->th, worker_main, w)) < 0) /* asynchronous signals blocked */
             break;
         started++;
     }

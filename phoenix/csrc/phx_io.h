@@ -27,7 +27,9 @@
  *   buffered where O_DIRECT is refused (at open, or EINVAL at the first transfer), for
  *           direct=OFF files, and for reads of ranges already in the page cache.
  *
- * Every call returns 0 (or a count) on success and a negative errno on failure.
+ * Every call returns 0 (or a count) on success and a negative errno on failure. A forked
+ * child gets a core of its own ("fork", at the end); what the parent made answers there
+ * at once, with -ECHILD where it cannot serve.
  */
 #ifndef PHX_IO_H
 #define PHX_IO_H
@@ -108,7 +110,7 @@ struct phx_ctx_sizes {
 };
 int phx_ctx_sizes(const phx_ctx *ctx, struct phx_ctx_sizes *out);
 /* Waits for every request and stream op of the context, stops the workers, frees the
- * bounce pool. */
+ * bounce pool. (A parent's context in a forked child: forgotten at once, see "fork".) */
 void phx_ctx_destroy(phx_ctx *ctx);
 /* Allocate and pin the whole bounce pool now (it otherwise grows on first need). Pinning
  * goes through the vendor (host_register), which a runtime may serialize behind busy
@@ -142,7 +144,8 @@ int phx_file_open(const char *path, int flags, int perm, int direct, phx_file **
  * /proc/self/fd where its open file description has O_APPEND (writes would ignore their
  * offsets) or O_DIRECT; -EBADF for an O_PATH descriptor. */
 int phx_file_from_fd(int fd, int direct, phx_file **out);
-/* Waits for the file's in-flight requests and stream ops, then closes. */
+/* Waits for the file's in-flight requests and stream ops, then closes (in a forked child:
+ * not for the parent's, see "fork"). */
 int phx_file_close(phx_file *f);
 int phx_file_fsync(phx_file *f);
 int64_t phx_file_size(phx_file *f); /* fstat size, or -errno */
@@ -209,7 +212,7 @@ int phx_submit(phx_ctx *ctx, const struct phx_io_desc *descs, uint32_t n, phx_re
 /* 0 once complete; -ETIMEDOUT after timeout_ns (< 0: wait forever). */
 int phx_req_wait(phx_req *r, int64_t timeout_ns);
 int phx_req_done(const phx_req *r);
-/* Bytes transferred (short at EOF), or -errno; valid once done. */
+/* Bytes transferred (short at EOF), or -errno; valid once done (-EBUSY before). */
 int64_t phx_req_result(const phx_req *r);
 /* The failing extent of a failed request (the chunk that failed first). */
 int phx_req_error_extent(const phx_req *r, int64_t *offset, uint64_t *length);
@@ -282,6 +285,8 @@ int phx_reg_remove(uint64_t base);
 int phx_reg_lookup(uint64_t addr, uint64_t size, struct phx_reg_info *out);
 /* Drop every registration (driver close); returns how many there were. */
 int phx_reg_clear(void);
+/* (The table is the process's: a forked child keeps the parent's registrations, its
+ * memory being the child's copy.) */
 
 /* ---- the file-mapping registration cache (io_fmap*.c) -----------------------------------
  *
@@ -381,5 +386,47 @@ struct phx_io_stats {
 void phx_io_get_stats(struct phx_io_stats *out);
 /* "contexts,threads,...,": the fields of struct phx_io_stats in order (all int64_t) */
 const char *phx_io_stats_fields(void);
+
+/* ---- fork ---------------------------------------------------------------------------
+ *
+ * A process may fork at any moment (threads busy with I/O, stream ops queued,
+ * registrations being added). The child has one thread, the one that forked: the
+ * parent's workers, registrars and stream callbacks are not there. The contract:
+ *
+ *   - Nothing of the core hangs the child. Every process-global lock of the core (the
+ *     registration table's, the list of stream-ordered writes, the fault guard's table) is
+ *     held by the forking thread across fork() (pthread_atfork) and is a fresh lock in the
+ *     child: its state is whole, as some thread left it between two changes.
+ *   - The child makes a context of its own (phx_ctx_create) and it works as in any
+ *     process: files, requests, stream-ordered I/O, registrations, the file-mapping cache.
+ *   - A context made by the parent before fork() is dead in the child: phx_submit,
+ *     phx_stream_io, phx_fence_record, phx_ctx_prepare and the phx_fmap_* calls on it
+ *     return -ECHILD at once ("made by the parent process before fork(); make a new
+ *     context"); phx_ctx_destroy returns at once, waiting for and joining nothing (its
+ *     memory, bounce pool and vendor streams leak: freeing them would ask the vendor, and
+ *     its threads' locks may be held for good); the queries (phx_ctx_engine, sizes,
+ *     ordering) still answer.
+ *   - A request or stream op of the parent's that was not done at the fork will never be
+ *     (what would run it is the parent's): in the child it is done, phx_req_wait /
+ *     phx_req_wait_all / phx_sop_wait return at once, its result is -ECHILD (a request's
+ *     failing extent: all of it); *bytes_done of such an op stays what it was at the
+ *     fork. One done before the fork keeps its result. Releasing either never waits.
+ *     phx_fence_release of a parent's fence lets it go without its context.
+ *   - A file the parent opened stays usable in the child, for new I/O on the child's
+ *     context (its descriptors are the child's too): its count of requests in flight, which
+ *     only the parent's would have brought down, starts at zero there, so phx_file_close
+ *     waits for none of the parent's requests or stream ops.
+ *   - The registration table is kept (the memory it names is the child's copy), and the
+ *     stream-ordered writes the parent had queued are forgotten: a blocking call of the
+ *     child on their range waits for none of them (nothing runs them in the child), it
+ *     sees the file as the fork left it.
+ *   - The counters say what the child has: no thread, request or stream op in flight at
+ *     first; the parent's contexts count until phx_ctx_destroy forgets them.
+ *   - The core's threads block the asynchronous signals (SIGINT, SIGTERM, SIGCHLD, ...),
+ *     so that a process-directed signal goes to a thread of the application; the
+ *     synchronous ones (SIGBUS, SIGSEGV, ...) stay deliverable.
+ * The vendor runtime is the vendor's: a real accelerator runtime may not work in a forked
+ * child at all (CUDA refuses to); the host vendor's test double does (hostrt.h says how).
+ */
 
 #endif

@@ -30,7 +30,7 @@
  * Locks, never nested (so no lock order to get wrong): g_mem guards the ranges, the
  * arenas' allocators and the pins; g_streams_mu guards the stream registry, reference
  * counts and default streams; each stream's mu guards its queue. Nothing runs a host
- * function or a copy while holding one.
+ * function or a copy while holding one. Only fork takes them together (hostrt_fork.c).
  */
 #define _GNU_SOURCE
 #include "hostrt_internal.h"
@@ -73,6 +73,8 @@ static const struct err_entry g_errors[] = {
      "part or all of the requested memory range is already mapped"},
     {PHXRT_ERR_HOST_MEMORY_NOT_REGISTERED, PREFIX_STR "ErrorHostMemoryNotRegistered",
      "pointer does not correspond to a registered memory region"},
+    {PHXRT_ERR_LAUNCH_FAILURE, PREFIX_STR "ErrorLaunchFailure",
+     "unspecified launch failure: work queued before fork() never runs in the child process"},
     {PHXRT_ERR_UNKNOWN, PREFIX_STR "ErrorUnknown", "unknown error"},
 };
 

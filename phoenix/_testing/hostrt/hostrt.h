@@ -28,6 +28,16 @@
  * Calls that are not CUDA's (DeviceGetName, DeviceTotalMem, MemGetAddressRange,
  * PhoenixTestDouble) serve the host port; a port of a real runtime must not use them.
  *
+ * fork(): the child has its own runtime, with the memory, streams and events it inherited.
+ * A stream's worker thread is the parent's (gone in the child): it is started again in
+ * the child with the stream's first new work. What the parent had queued and its stream
+ * had not run at the fork never runs in the child: copies and host functions are
+ * dropped, their allocations let go (Free does not wait for them); the stream's next
+ * StreamSynchronize / StreamQuery (or DeviceSynchronize) says LAUNCH_FAILURE once, and an
+ * event whose latest record was dropped says LAUNCH_FAILURE from EventQuery,
+ * EventSynchronize and StreamWaitEvent (never NOT_READY: nothing will complete it). The
+ * default stream, new streams and new records work as in any process.
+ *
  * Settings (read at first use): PHX_HOST_DEVICES (number of devices, default 1),
  * PHX_HOST_DEVICE_MEMORY (arena size per device, default 16G; virtual until used).
  */
@@ -57,6 +67,7 @@ enum {
     PHXRT_ERR_NOT_READY = 600,
     PHXRT_ERR_HOST_MEMORY_ALREADY_REGISTERED = 712,
     PHXRT_ERR_HOST_MEMORY_NOT_REGISTERED = 713,
+    PHXRT_ERR_LAUNCH_FAILURE = 719, /* work queued before fork() that the child never runs */
     PHXRT_ERR_UNKNOWN = 999,
 };
 

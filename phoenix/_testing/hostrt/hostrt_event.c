@@ -18,12 +18,20 @@
  * an op that holds the waiting stream until the record is done. Queued markers and waits
  * hold references, so Destroy with work in flight is safe (CUDA allows it). Locks:
  * g_events_mu guards the registry and the events' reference counts, each event's mu its
- * records (and their reference counts); never nested. */
+ * records (and their reference counts); never nested (but by fork's prepare).
+ *
+ * fork: a record made before the fork and not done at it is lost (its marker was queued
+ * on a stream whose work the child drops): Query, Synchronize and StreamWaitEvent say
+ * LAUNCH_FAILURE for it, at once. */
 
 struct event_record {
     unsigned refs; /* the event while it is the latest, the queued marker, waiters (ev->mu) */
     int done;
+    uint64_t gen;  /* the fork generation it was recorded in */
 };
+
+/* Recorded before a fork and not done at it: nothing runs its marker here (ev->mu held). */
+static int record_lost(const struct event_record *r) { return !r->done && r->gen != g_fork_gen; }
 
 struct event {
     uint64_t id;
@@ -108,7 +116,7 @@ static void event_wait_op(void *arg)
     struct event_op *op = arg;
     struct event *ev = op->ev;
     pthread_mutex_lock(&ev->mu);
-    while (!op->rec->done)
+    while (!op->rec->done && !record_lost(op->rec))
         pthread_cond_wait(&ev->done, &ev->mu);
     record_unref(op->rec);
     pthread_mutex_unlock(&ev->mu);
@@ -184,6 +192,7 @@ int RT(EventRecord)(phxrtEvent_t event, phxrtStream_t stream)
         return report(PHXRT_ERR_MEMORY_ALLOCATION);
     }
     r->refs = 2; /* the event (as its latest record) and the marker */
+    r->gen = g_fork_gen;
     op->ev = ev; /* the reference taken above now belongs to the marker */
     op->rec = r;
     pthread_mutex_lock(&ev->mu);
@@ -219,6 +228,16 @@ int RT(StreamWaitEvent)(phxrtStream_t stream, phxrtEvent_t event, unsigned flags
         event_release(ev);
         return PHXRT_SUCCESS;
     }
+    pthread_mutex_lock(&ev->mu);
+    int lost = record_lost(r);
+    if (lost)
+        record_unref(r);
+    pthread_mutex_unlock(&ev->mu);
+    if (lost) { /* a wait for it would hold the stream for good */
+        stream_release(s);
+        event_release(ev);
+        return report(PHXRT_ERR_LAUNCH_FAILURE);
+    }
     struct event_op *op = malloc(sizeof *op);
     if (!op) {
         pthread_mutex_lock(&ev->mu);
@@ -251,9 +270,11 @@ int RT(EventQuery)(phxrtEvent_t event)
     if (rc != PHXRT_SUCCESS)
         return report(rc);
     pthread_mutex_lock(&ev->mu);
-    int done = !ev->last || ev->last->done;
+    int done = !ev->last || ev->last->done, lost = ev->last && record_lost(ev->last);
     pthread_mutex_unlock(&ev->mu);
     event_release(ev);
+    if (lost)
+        return report(PHXRT_ERR_LAUNCH_FAILURE);
     return done ? PHXRT_SUCCESS : PHXRT_ERR_NOT_READY; /* not an error: not recorded */
 }
 
@@ -266,15 +287,16 @@ int RT(EventSynchronize)(phxrtEvent_t event)
         return report(rc);
     pthread_mutex_lock(&ev->mu);
     struct event_record *r = ev->last; /* the latest record before this call */
+    int lost = 0;
     if (r) {
         r->refs++;
-        while (!r->done)
+        while (!r->done && !(lost = record_lost(r)))
             pthread_cond_wait(&ev->done, &ev->mu);
         record_unref(r);
     }
     pthread_mutex_unlock(&ev->mu);
     event_release(ev);
-    return PHXRT_SUCCESS;
+    return lost ? report(PHXRT_ERR_LAUNCH_FAILURE) : PHXRT_SUCCESS;
 }
 
 int RT(EventDestroy)(phxrtEvent_t event)
@@ -293,4 +315,25 @@ int RT(EventDestroy)(phxrtEvent_t event)
         return report(PHXRT_ERR_INVALID_RESOURCE_HANDLE);
     event_release(ev);
     return PHXRT_SUCCESS;
+}
+
+/* -- fork ---------------------------------------------------------------------------- */
+
+void events_fork(int phase)
+{
+    if (phase == FORK_PREPARE) {
+        pthread_mutex_lock(&g_events_mu);
+        for (size_t i = 0; i < g_nevents; i++)
+            pthread_mutex_lock(&g_events[i]->mu);
+    } else if (phase == FORK_PARENT) {
+        for (size_t i = 0; i < g_nevents; i++)
+            pthread_mutex_unlock(&g_events[i]->mu);
+        pthread_mutex_unlock(&g_events_mu);
+    } else { /* their records stay: those not done are lost (record_lost) */
+        pthread_mutex_init(&g_events_mu, NULL);
+        for (size_t i = 0; i < g_nevents; i++) {
+            pthread_mutex_init(&g_events[i]->mu, NULL);
+            pthread_cond_init(&g_events[i]->done, NULL);
+        }
+    }
 }

@@ -6,7 +6,8 @@
  * hostrt_mem.c (the arenas, pinned and registered host memory, pointer queries),
  * hostrt_copy.c (Memcpy, MemcpyAsync, Memset and their checks), hostrt_stream.c
  * (streams as worker threads, LaunchHostFunc, DeviceSynchronize), hostrt_event.c
- * (events, StreamWaitEvent) and hostrt_driver.c (the cu* driver API of emulators).
+ * (events, StreamWaitEvent), hostrt_driver.c (the cu* driver API of emulators) and
+ * hostrt_fork.c (the locks around fork(), what a child finds).
  * hostrt.h is the spec; this header is not part of it.
  *
  * Everything declared here is PHXRT_HIDDEN: a library built from these sources exports
@@ -151,7 +152,8 @@ struct range {
 
 /* The live range containing addr, or NULL. g_mem held. */
 PHXRT_HIDDEN struct range *ranges_find(uintptr_t addr);
-/* Drop a finished copy's pins (takes g_mem); wakes a Free waiting for them. */
+/* Drop a finished copy's pins (takes g_mem; clears pins[] under it, so a fork finds them
+ * either still held or dropped); wakes a Free waiting for them. */
 PHXRT_HIDDEN void unpin(struct range *pins[2]);
 
 /* -- streams (hostrt_stream.c) ----------------------------------------------------- */
@@ -169,6 +171,7 @@ struct op {
     const void *src;
     size_t n;
     struct range *pins[2];
+    int ran;          /* set by the worker once it ran (a fork then does not count it lost) */
 };
 
 PHXRT_HIDDEN extern pthread_mutex_t g_streams_mu; /* the stream registry, refs, default streams */
@@ -178,5 +181,18 @@ PHXRT_HIDDEN int stream_acquire(phxrtStream_t handle, struct stream **out);
 PHXRT_HIDDEN void stream_release(struct stream *s);
 PHXRT_HIDDEN void stream_wait_idle(struct stream *s);
 PHXRT_HIDDEN int stream_push(struct stream *s, const struct op *op);
+
+/* -- fork (hostrt_fork.c) ----------------------------------------------------------- */
+
+/* Bumped in the child of every fork, before the child has a second thread. */
+PHXRT_HIDDEN extern uint64_t g_fork_gen;
+enum { FORK_PREPARE = 0, FORK_PARENT = 1, FORK_CHILD = 2 };
+/* Each file's part of a fork: PREPARE takes its locks, PARENT releases them, CHILD makes
+ * them fresh (the parent's threads that held or waited on them are gone) and drops what
+ * only those threads would have finished. streams: g_streams_mu, then each stream's mu;
+ * events: g_events_mu, then each event's mu; mem: g_mem. */
+PHXRT_HIDDEN void streams_fork(int phase);
+PHXRT_HIDDEN void events_fork(int phase);
+PHXRT_HIDDEN void mem_fork(int phase);
 
 #endif /* PHX_HOSTRT_INTERNAL_H */

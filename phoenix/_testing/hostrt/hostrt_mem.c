@@ -175,10 +175,26 @@ void unpin(struct range *pins[2])
     if (!pins[0] && !pins[1])
         return;
     pthread_mutex_lock(&g_mem);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
         if (pins[i] && --pins[i]->pins == 0 && pins[i]->dying)
             pthread_cond_broadcast(&g_unpinned);
+        pins[i] = NULL;
+    }
     pthread_mutex_unlock(&g_mem);
+}
+
+/* fork: the ranges stay (the memory is the child's too); a Free that waited for pins in
+ * the parent is gone with its thread (its range stays dying, out of service). */
+void mem_fork(int phase)
+{
+    if (phase == FORK_PREPARE) {
+        pthread_mutex_lock(&g_mem);
+    } else if (phase == FORK_PARENT) {
+        pthread_mutex_unlock(&g_mem);
+    } else {
+        pthread_mutex_init(&g_mem, NULL);
+        pthread_cond_init(&g_unpinned, NULL);
+    }
 }
 
 /* -- device memory ---------------------------------------------------------------- */

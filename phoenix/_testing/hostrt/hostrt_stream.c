@@ -5,8 +5,10 @@
  * (a host function runs on the worker in stream order and never touches Python),
  * handles that are ids (a destroyed stream is recognised, not dereferenced), the
  * default stream (handles 0, 1 and 2), StreamCreate/Destroy/Synchronize/Query,
- * LaunchHostFunc and DeviceSynchronize. Locks: g_streams_mu guards the registry,
- * reference counts and default streams; each stream's mu guards its queue.
+ * LaunchHostFunc and DeviceSynchronize, and what a forked child finds of them (its
+ * workers gone: restarted with new work, the parent's queued work dropped). Locks:
+ * g_streams_mu guards the registry, reference counts and default streams; each stream's
+ * mu guards its queue.
  */
 #define _GNU_SOURCE
 #include "hostrt_internal.h"
@@ -22,9 +24,12 @@ struct stream {
     struct op *head, *tail; /* FIFO queue */
     struct op *spare;       /* recycled nodes: no malloc per op in steady state */
     int busy;               /* the worker is running an op */
+    struct op *cur;         /* ... this one (a fork lets go of its pins) */
     int closing;            /* destroy began: refuse new work */
     int stop;               /* the worker exits once the queue is empty */
+    int lost;               /* a fork dropped queued work: the next synchronize says so */
     pthread_t worker;
+    uint64_t worker_gen;    /* the fork generation whose process runs `worker` */
 };
 
 pthread_mutex_t g_streams_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -47,18 +52,21 @@ static void *stream_worker(void *arg)
         if (!s->head)
             s->tail = NULL;
         s->busy = 1;
+        s->cur = o;
         pthread_mutex_unlock(&s->mu);
 
         if (o->fn)
             o->fn(o->arg);
         else
             memmove(o->dst, o->src, o->n);
+        o->ran = 1;
         unpin(o->pins);
 
         pthread_mutex_lock(&s->mu);
         o->next = s->spare;
         s->spare = o;
         s->busy = 0;
+        s->cur = NULL;
         if (!s->head)
             pthread_cond_broadcast(&s->idle);
     }
@@ -78,16 +86,10 @@ static void stream_free(struct stream *s)
     free(s);
 }
 
-static struct stream *stream_new(int device)
+/* Start the stream's worker (a new stream, or the first work after a fork: the worker of
+ * the parent is not the child's). 0, or an errno. */
+static int stream_start_worker(struct stream *s)
 {
-    struct stream *s = calloc(1, sizeof *s);
-    if (!s)
-        return NULL;
-    s->device = device;
-    s->refs = 1;
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->work, NULL);
-    pthread_cond_init(&s->idle, NULL);
     /* The worker blocks asynchronous signals: they belong to the application's threads.
      * Not the synchronous ones: a fault the worker itself raises (SIGBUS: a copy from a
      * file mapping whose file was truncated) must reach the process's handler (phoenix's
@@ -98,10 +100,29 @@ static struct stream *stream_new(int device)
     sigdelset(&all, SIGSEGV);
     sigdelset(&all, SIGFPE);
     sigdelset(&all, SIGILL);
+    sigdelset(&all, SIGTRAP);
+    sigdelset(&all, SIGSYS);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     int err = pthread_create(&s->worker, NULL, stream_worker, s);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (err) {
+    if (!err)
+        s->worker_gen = g_fork_gen;
+    return err;
+}
+
+static int stream_has_worker(const struct stream *s) { return s->worker_gen == g_fork_gen; }
+
+static struct stream *stream_new(int device)
+{
+    struct stream *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->device = device;
+    s->refs = 1;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->work, NULL);
+    pthread_cond_init(&s->idle, NULL);
+    if (stream_start_worker(s)) {
         stream_free(s);
         return NULL;
     }
@@ -176,8 +197,20 @@ static void stream_stop(struct stream *s)
         pthread_cond_wait(&s->idle, &s->mu);
     s->stop = 1;
     pthread_cond_signal(&s->work);
+    int joined = stream_has_worker(s); /* (a parent's stream the child gave no work: none) */
     pthread_mutex_unlock(&s->mu);
-    pthread_join(s->worker, NULL);
+    if (joined)
+        pthread_join(s->worker, NULL);
+}
+
+/* The stream lost work to a fork since it was last asked (once). */
+static int stream_take_lost(struct stream *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int lost = s->lost;
+    s->lost = 0;
+    pthread_mutex_unlock(&s->mu);
+    return lost;
 }
 
 int stream_push(struct stream *s, const struct op *op)
@@ -186,6 +219,10 @@ int stream_push(struct stream *s, const struct op *op)
     if (s->closing) {
         pthread_mutex_unlock(&s->mu);
         return PHXRT_ERR_INVALID_RESOURCE_HANDLE;
+    }
+    if (!stream_has_worker(s) && stream_start_worker(s)) { /* a forked child's first work */
+        pthread_mutex_unlock(&s->mu);
+        return PHXRT_ERR_MEMORY_ALLOCATION;
     }
     struct op *o = s->spare;
     if (o) {
@@ -264,8 +301,9 @@ int RT(StreamSynchronize)(phxrtStream_t stream)
     if (rc != PHXRT_SUCCESS)
         return report(rc);
     stream_wait_idle(s);
+    int lost = stream_take_lost(s);
     stream_release(s);
-    return PHXRT_SUCCESS;
+    return lost ? report(PHXRT_ERR_LAUNCH_FAILURE) : PHXRT_SUCCESS;
 }
 
 int RT(StreamQuery)(phxrtStream_t stream)
@@ -276,9 +314,13 @@ int RT(StreamQuery)(phxrtStream_t stream)
     if (rc != PHXRT_SUCCESS)
         return report(rc);
     pthread_mutex_lock(&s->mu);
-    int idle = !s->head && !s->busy;
+    int idle = !s->head && !s->busy, lost = idle && s->lost;
+    if (lost)
+        s->lost = 0;
     pthread_mutex_unlock(&s->mu);
     stream_release(s);
+    if (lost)
+        return report(PHXRT_ERR_LAUNCH_FAILURE);
     return idle ? PHXRT_SUCCESS : PHXRT_ERR_NOT_READY; /* not an error: not recorded */
 }
 
@@ -318,10 +360,68 @@ int RT(DeviceSynchronize)(void)
     pthread_mutex_unlock(&g_streams_mu);
     if (!held)
         return report(PHXRT_ERR_MEMORY_ALLOCATION);
+    int lost = 0;
     for (size_t i = 0; i < n; i++) {
         stream_wait_idle(held[i]);
+        lost |= stream_take_lost(held[i]);
         stream_release(held[i]);
     }
     free(held);
-    return PHXRT_SUCCESS;
+    return lost ? report(PHXRT_ERR_LAUNCH_FAILURE) : PHXRT_SUCCESS;
+}
+
+/* -- fork ---------------------------------------------------------------------------- */
+
+/* Every stream a call can still reach: the registry's and the devices' default streams.
+ * (A stream unlinked by a StreamDestroy in progress is reachable by no call.) */
+static void streams_each(void (*fn)(struct stream *))
+{
+    for (size_t i = 0; i < g_nstreams; i++)
+        fn(g_streams[i]);
+    for (int d = 0; d < g.ndev; d++)
+        if (g.dev[d].default_stream)
+            fn(g.dev[d].default_stream);
+}
+
+static void stream_lock(struct stream *s) { pthread_mutex_lock(&s->mu); }
+static void stream_unlock(struct stream *s) { pthread_mutex_unlock(&s->mu); }
+
+/* The child: its worker is gone (started again by the stream's next work), so is what it
+ * ran and what waited in its queue. Their pins go (a Free must not wait for copies that
+ * never run); the nodes are kept as spares; the stream remembers it lost work. */
+static void stream_child(struct stream *s)
+{
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->work, NULL);
+    pthread_cond_init(&s->idle, NULL);
+    if (s->busy && s->cur) { /* (its pins are still there if its copy had not finished) */
+        unpin(s->cur->pins);
+        s->lost |= !s->cur->ran;
+        s->cur->next = s->spare;
+        s->spare = s->cur;
+    }
+    s->busy = 0;
+    s->cur = NULL;
+    for (struct op *o = s->head, *next; o; o = next) {
+        next = o->next;
+        unpin(o->pins);
+        o->next = s->spare;
+        s->spare = o;
+        s->lost = 1;
+    }
+    s->head = s->tail = NULL;
+}
+
+void streams_fork(int phase)
+{
+    if (phase == FORK_PREPARE) {
+        pthread_mutex_lock(&g_streams_mu);
+        streams_each(stream_lock);
+    } else if (phase == FORK_PARENT) {
+        streams_each(stream_unlock);
+        pthread_mutex_unlock(&g_streams_mu);
+    } else {
+        pthread_mutex_init(&g_streams_mu, NULL);
+        streams_each(stream_child); /* (after mem_fork: unpin takes g_mem) */
+    }
 }

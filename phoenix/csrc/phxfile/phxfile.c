@@ -256,13 +256,31 @@ static size_t nregs, capregs;
  * queued) and handles are not the child's, and a lock some other thread held at the fork
  * stays held for good. The child starts closed, with fresh locks: its first call opens a
  * driver of its own (the parent's context and handles are left alone, not destroyed:
- * that would wait for threads the child does not have). regs_lock is held across the
- * fork (never held across a GIL acquisition, so the forking thread, which holds the GIL,
- * gets it): the child keeps a consistent list of the registrations it inherited in the
- * core's table, which its own DriverClose drops. */
+ * that would wait for threads the child does not have; a parent's handle is -EBADF
+ * there). regs_lock is held across the fork (never held across a GIL acquisition, so the
+ * forking thread, which holds the GIL, gets it): the child keeps a consistent list of the
+ * registrations it inherited in the core's table (host memory, and the host vendor's
+ * arena: the child's copy of them), which its own DriverClose drops. open_lock is held
+ * while Python runs (an open asks phoenix for the vendor), so it is not taken around the
+ * fork: only made fresh in the child.
+ *
+ * regs_lock is held around calls into the core (phx_reg_add, phx_reg_remove), whose own
+ * prepare takes the core's registration lock: this prepare must run first, or a thread
+ * holding regs_lock would wait for the registration lock the forking thread holds while
+ * the forking thread waits for regs_lock. Prepare handlers run last registered first, so
+ * it is registered once the core is bound (fork_hold_regs, after the core was loaded),
+ * not when this library is: LMCache may load it before anything imports phoenix. */
 static void fork_prepare(void) { pthread_mutex_lock(&regs_lock); }
 
 static void fork_parent(void) { pthread_mutex_unlock(&regs_lock); }
+
+static pthread_once_t fork_hold_once = PTHREAD_ONCE_INIT;
+
+static void fork_hold_regs_register(void) { pthread_atfork(fork_prepare, fork_parent, NULL); }
+
+/* (pthread_atfork waits while another thread forks; the prepare handlers that fork runs
+ * wait for no lock the caller holds: open_lock and the GIL are taken by none of them) */
+static void fork_hold_regs(void) { pthread_once(&fork_hold_once, fork_hold_regs_register); }
 
 static void fork_child(void)
 {
@@ -275,7 +293,7 @@ static void fork_child(void)
     atomic_store(&opened, 0);
 }
 
-__attribute__((constructor)) static void phxfile_init(void) { pthread_atfork(fork_prepare, fork_parent, fork_child); }
+__attribute__((constructor)) static void phxfile_init(void) { pthread_atfork(NULL, NULL, fork_child); }
 
 /* Take open_lock; the caller holds the GIL (PyGILState_Ensure). A busy lock is waited for
  * with the GIL let go: its holder may be running Python, which needs the GIL back. */
@@ -323,6 +341,7 @@ static int ensure_open(void)
              * ctx while opened is 0, and open_lock keeps DriverClose out */
             ctx = (phx_ctx *)(uintptr_t)c.ctx;
             io_mode = c.mode;
+            fork_hold_regs(); /* the core is loaded now, before any registration: see fork_prepare */
             atomic_store_explicit(&opened, 1, memory_order_release);
         }
     }
