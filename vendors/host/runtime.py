@@ -21,16 +21,14 @@ found by path and bound through the generated shim as the NVIDIA port binds libc
 
 A forked child keeps using the runtime it inherited: the library restarts its stream
 workers there and drops the work the parent had queued (``hostrt.h`` says how that is
-reported), and the child gets fresh locks for this object's bookkeeping (a thread of the
-parent may have held one at the fork; it does not exist in the child).
+reported), and CudaLikeRuntime gives the child fresh locks for the runtime's bookkeeping
+(a thread of the parent may have held one at the fork; it does not exist in the child).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import threading
-import weakref
 
 import phoenix
 from phoenix.cudalike import CudaLikeRuntime
@@ -81,10 +79,6 @@ class Runtime(CudaLikeRuntime):
     host_register_read_only_flag = 8  # the double takes CUDA's flags: the read-only retry is tested
     is_test_double = True
     runtime_description = f"phoenix host reference runtime ({PREFIX}*, {LIBRARY}): device memory is host memory"
-
-    def __init__(self):
-        super().__init__()
-        _instances.add(self)
 
     @classmethod
     def probe(cls) -> Probe:
@@ -147,17 +141,3 @@ class Runtime(CudaLikeRuntime):
         if ptr + size > info.base + info.size:
             return False, f"[{ptr:#x}, +{size}) runs past its allocation [{info.base:#x}, +{info.size})"
         return True, "host arena memory is plain host-addressable memory: O_DIRECT can land in it"
-
-
-_instances: weakref.WeakSet = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    # the locks of CudaLikeRuntime's bookkeeping (its streams, allocations, the pointer
-    # layout): held at the fork by a thread of the parent, they would stay held here
-    for rt in list(_instances):
-        rt._lock = threading.Lock()
-        rt._layout_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
