@@ -102,7 +102,16 @@ setup(
     py_modules=["_phx_entry"],  # the console scripts' entry: checks the `phoenix` name clash before importing it
     package_dir=package_dir,
     package_data={
-        "phoenix": ["py.typed", "csrc/*.h", "csrc/*.c", "csrc/phxfile/*.c", "csrc/phxfile/*.h", "csrc/phxfile/*.map"],
+        "phoenix": [
+            "py.typed",
+            "csrc/*.h",
+            "csrc/*.c",
+            "csrc/phxfile/*.c",
+            "csrc/phxfile/*.h",
+            "csrc/phxfile/*.map",
+            "csrc/pycalls/*.c",
+            "csrc/pycalls/*.h",
+        ],
         "phoenix.bench": ["*.c"],
         "phoenix._testing": ["hostrt/*.c", "hostrt/*.h"],  # the emulator builds from these when installed
         "phoenix.vendors": ["*.md"],
@@ -117,6 +126,16 @@ setup(
             include_dirs=["phoenix/csrc"],
             extra_compile_args=["-O2", "-std=gnu11", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             extra_link_args=["-pthread"],
+        ),
+        _extension(
+            # the objects that own a call's C resources across asynchronous exceptions (CPython C
+            # API): a module apart from the core, which stays plain C (programs without Python
+            # load it too); it calls the core through a table bound at import (phoenix/_core.py)
+            "phoenix._phxcalls",
+            sources=sorted(glob.glob("phoenix/csrc/pycalls/*.c")),
+            include_dirs=["phoenix/csrc"],
+            extra_compile_args=["-O2", "-std=gnu11", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            extra_link_args=["-pthread", "-ldl"],
         ),
         _extension(
             PHXBENCH,

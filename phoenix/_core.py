@@ -1,4 +1,4 @@
-"""Loader of the C core library (``phoenix._phxcore``): the I/O stack's, and its test hooks'.
+"""Loader of the C core library (``phoenix._phxcalls``): the I/O stack's, and its test hooks'.
 
 Core side, control plane. The library is an extension module only so the package
 build compiles it and the import system locates it; it is used through ctypes (every
@@ -29,3 +29,14 @@ def core_path() -> str:
 def core() -> ctypes.CDLL:
     """The C core as a ctypes library (loaded once per process)."""
     return ctypes.CDLL(core_path(), mode=ctypes.RTLD_GLOBAL)
+
+
+@functools.cache
+def calls():
+    """``phoenix._phxcalls``, bound to the C core: the objects that own a call's C resources
+    (gates, request groups, stream ops) across asynchronous exceptions."""
+    from . import _phxcalls
+
+    core()  # loaded (RTLD_GLOBAL) before the module binds its entry points
+    _phxcalls.bind(core_path())
+    return _phxcalls

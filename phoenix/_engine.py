@@ -16,7 +16,6 @@ import os
 import threading
 import weakref
 
-from . import _phxcore as _calls
 from . import registry as _registry
 from . import settings as _settings
 from ._abi import (
@@ -30,8 +29,11 @@ from ._abi import (
     _Config,
     _lib,
 )
+from ._core import calls as _bound_calls
 from ._futures import _prune_stream_ops
 from .errors import PhxIOError
+
+_calls = _bound_calls()  # phoenix._phxcalls, bound to the C core
 
 # ---- the vendor runtime and the settings it is applied with ------------------------------
 
@@ -97,7 +99,7 @@ class _Engine:
     Built for one set of pool settings and one runtime; replaced when either changes.
     Requests, futures and stream ops hold a reference; the context is destroyed (after
     its I/O drains) when the last reference goes, or by :func:`shutdown`. The context is
-    owned by a C gate (``phoenix._phxcore.Gate``) made in the same C call that creates
+    owned by a C gate (``phoenix._phxcalls.Gate``) made in the same C call that creates
     it: a call into the context holds the gate (:func:`_using_engine`), closing waits for
     those calls, and an interrupted construction leaves nothing behind.
     """

@@ -14,13 +14,15 @@ import errno as _errno
 import os
 import threading
 
-from . import _phxcore as _calls
 from . import buffers as _buffers
 from . import checks as _checks
 from . import streams as _streams
 from ._abi import PHX_IO_OWNED_MEMORY, _lib, _RegInfo, _strerror
+from ._core import calls as _bound_calls
 from ._engine import _runtime
 from .errors import PhxIOError, RegistrationError, extent_error
+
+_calls = _bound_calls()  # phoenix._phxcalls, bound to the C core
 
 # ---- buffer resolution --------------------------------------------------------------------
 
@@ -197,7 +199,7 @@ _NOTHING = _Nothing()
 class _Fences:
     """The caller's stream points one call's requests wait for (``phx_fence_record``):
     one per (device, stream) among its extents, recorded into the call's group
-    (``phoenix._phxcore.Requests``), which releases them once the requests naming them
+    (``phoenix._phxcalls.Requests``), which releases them once the requests naming them
     are submitted (each request holds its own reference in the core)."""
 
     __slots__ = ("engine", "group", "fences")

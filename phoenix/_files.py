@@ -14,7 +14,6 @@ import errno as _errno
 import functools
 import os
 
-from . import _phxcore as _calls
 from . import buffers as _buffers
 from . import checks as _checks
 from . import settings as _settings
@@ -38,10 +37,13 @@ from ._abi import (
     _FileInfo,
     _lib,
 )
+from ._core import calls as _bound_calls
 from ._engine import _using_engine
 from ._extents import _check_mode, _ClassCache, _Fences, _resolve
 from ._futures import IOFuture, StreamIO, _prune_stream_ops, _stream_ops
 from .errors import PhxIOError, _opened_for, extent_error, file_error
+
+_calls = _bound_calls()  # phoenix._phxcalls, bound to the C core
 
 # ---- files --------------------------------------------------------------------------------
 
@@ -444,7 +446,7 @@ class PhxFile:
 
     def _stream_plan(self, op, buf, size, file_offset, buf_offset, stream, priority) -> tuple:
         """What read_async / write_async queue: checked and resolved here, in Python (an
-        exception here queues nothing); queued in C (``phoenix._phxcore.StreamMethod``)."""
+        exception here queues nothing); queued in C (``phoenix._phxcalls.StreamMethod``)."""
         what = "read_async" if op == OP_READ else "write_async"
         _prune_stream_ops()
         s = _settings.get()
@@ -542,7 +544,7 @@ def _submit_many(reqs, what_default: str | None = None, wait: bool = False, stre
     Requests are resolved in Python and handed to the core in groups of _FLUSH (one C
     call each), so the I/O of the first groups runs while the rest are prepared. A
     request refused in Python fails alone (for one request: raised). The submission runs
-    in a C guard (``phoenix._phxcore.guarded``): if it raises, every request it submitted
+    in a C guard (``phoenix._phxcalls.guarded``): if it raises, every request it submitted
     is waited for before the exception leaves; the futures it returns own their requests.
     """
     s = _settings.get()

@@ -2,7 +2,7 @@
 (stream-ordered reads and writes).
 
 Core side, control plane: a future wraps the C core's request (``phx_req``, held by its
-call's ``phoenix._phxcore.Requests``) or stream op (``phx_sop``, in the C base
+call's ``phoenix._phxcalls.Requests``) or stream op (``phx_sop``, in the C base
 ``StreamOp``). Waiting happens in C without the GIL; the C objects keep the buffer and
 the engine alive until the I/O is over, and a future dropped early waits for it (in C,
 where no exception can interrupt it), so no I/O ever lands in freed memory.
@@ -11,11 +11,12 @@ where no exception can interrupt it), so no I/O ever lands in freed memory.
 from __future__ import annotations
 
 import os
-import threading
 
-from . import _phxcore as _calls
+from ._core import calls as _bound_calls
 from .checks import timeout_ns
 from .errors import file_error
+
+_calls = _bound_calls()  # phoenix._phxcalls, bound to the C core
 
 
 class IOFuture:
@@ -37,12 +38,11 @@ class IOFuture:
         "_value",
         "_error",
         "_done",
-        "_lock",
         "__weakref__",
     )
 
     def __init__(self, group, i, engine, file, what, offset, size, error=None):
-        # the request is the group's (phoenix._phxcore.Requests, C): it keeps the buffer until
+        # the request is the group's (phoenix._phxcalls.Requests, C): it keeps the buffer until
         # the request is done, and waits for and releases the request when the last future
         # of its call goes; nothing here waits in Python, so no exception can skip it
         self._group = group
@@ -55,7 +55,6 @@ class IOFuture:
         self._value = None
         self._error = error
         self._done = group is None
-        self._lock = threading.RLock()  # (a signal handler may wait on it meanwhile)
 
     @classmethod
     def failed(cls, error: BaseException, what: str = "") -> IOFuture:
@@ -70,22 +69,23 @@ class IOFuture:
         return False
 
     def _collect(self) -> None:
-        with self._lock:
-            if self._done:
-                return
-            g, i = self._group, self._i
-            res = g.result(i)
-            if res < 0:
-                where = ""
-                ext = g.error_extent(i)
-                if ext is not None and ext != (self._offset, self._size):
-                    where = f"; failed chunk at offset {ext[0]}, length {ext[1]}"
-                self._error = file_error(-res, self._file, self._offset, self._size, f"{self._what}{where}")
-            else:
-                self._value = res
-            g.collect(i)
-            self._engine = None
-            self._done = True
+        # no lock (a signal handler, or a thread of a forked child's parent, may be inside):
+        # two threads collecting at once compute the same result, and collect(i) is idempotent
+        if self._done:
+            return
+        g, i = self._group, self._i
+        res = g.result(i)
+        if res < 0:
+            where = ""
+            ext = g.error_extent(i)
+            if ext is not None and ext != (self._offset, self._size):
+                where = f"; failed chunk at offset {ext[0]}, length {ext[1]}"
+            self._error = file_error(-res, self._file, self._offset, self._size, f"{self._what}{where}")
+        else:
+            self._value = res
+        g.collect(i)
+        self._engine = None
+        self._done = True
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for completion; False if ``timeout`` (seconds) passed first."""
@@ -121,7 +121,7 @@ class StreamIO(_calls.StreamOp):
 
     Its result is bound late: once the stream has reached the end of the operation,
     :attr:`bytes_done` is the byte count or a negative errno (cuFile's ``bytes_read``).
-    Made in C by the call that queues the op (``phoenix._phxcore.StreamMethod``), which
+    Made in C by the call that queues the op (``phoenix._phxcalls.StreamMethod``), which
     keeps it, and its buffer, alive until the stream has run it, dropped or not.
     """
 

@@ -63,7 +63,7 @@ class Buffer:
     readonly: bool
     source: str  #: which protocol found it ("raw", "torch", "cuda_array_interface", ...)
     _keep: list = field(default_factory=list, repr=False)
-    _view: object | None = field(default=None, repr=False)  #: a phoenix._phxcore.Export
+    _view: object | None = field(default=None, repr=False)  #: a phoenix._phxcalls.Export
     #: the stream its producer orders its work on, when the object says (torch's current
     #: stream, CuPy's, a ``__cuda_array_interface__`` "stream"): the caller's stream of an
     #: I/O call that names none (:mod:`phoenix.streams`); None: not said
@@ -85,12 +85,12 @@ _FORMAT_NAME = re.compile(rb":[^:]*:")
 
 
 def _from_buffer_protocol(obj, writable: bool) -> Buffer:
-    # the export is a C object (phoenix._phxcore.Export): released in C, by release() or when
+    # the export is a C object (phoenix._phxcalls.Export): released in C, by release() or when
     # it is collected, so no exception can leave the exporter locked (a bytearray unresizable)
-    from . import _phxcore
+    from ._core import calls
 
     try:
-        view = _phxcore.Export(obj, writable)  # (PyBUF_ND | PyBUF_FORMAT: C-contiguous, its format)
+        view = calls().Export(obj, writable)  # (PyBUF_ND | PyBUF_FORMAT: C-contiguous, its format)
     except BufferError as exc:
         what = "writable and C-contiguous" if writable else "C-contiguous"
         raise TypeError(f"{type(obj).__name__}: the buffer must be {what} to be read into: {exc}") from None

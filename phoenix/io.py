@@ -74,7 +74,7 @@ call submitted is waited for, in C, before its exception reaches the caller, so 
 the destination or the file changes afterwards, and the buffers it exported (a bytearray)
 are let go; a future's requests are waited for when the last future of its call goes; a
 stream-ordered call queues its op in C as its last step, so a call that raised queued
-nothing. Files and engines count their users in C (``phoenix._phxcore``), and the locks a
+nothing. Files and engines count their users in C (``phoenix._phxcalls``), and the locks a
 signal handler may re-enter are reentrant: a handler may do phoenix I/O itself. After
 ``fork()`` the child starts engines of its own; I/O the parent started is not waited for
 there (its futures say so: ECHILD).

@@ -241,9 +241,9 @@ def _c_open(table_addr: int, table_size: int, _unused: int = 0) -> int:
         cfg = pio.make_config(s, rt)  # the vendor's registration flags; CPU copies for a test double
         # the context, owned by a C gate until it is handed to the library (the last step
         # below): an exception before that (a signal handler's) leaves no context behind
-        from . import _phxcore
+        from ._core import calls
 
-        gate = _phxcore.ctx_open(ctypes.addressof(cfg), ctypes.addressof(dp), "libphxfile's context")
+        gate = calls().ctx_open(ctypes.addressof(cfg), ctypes.addressof(dp), "libphxfile's context")
         if isinstance(gate, int):
             return gate
         # pin the bounce pool now, at DriverOpen, not at the first stream-ordered call:

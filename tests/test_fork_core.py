@@ -221,12 +221,6 @@ def test_children_forked_while_threads_do_io_and_registrations(tmp_path, engine)
     _ok(_run_script(_BUSY, tmp_path, tmp_path, 24, "io,reg", engine=engine))
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="needs the Python side's fork fix too: a StreamIO whose lock a parent's thread held at "
-    "the fork (StreamIO.result -> _collect, which calls the core with the lock held) hangs the "
-    "child's next read_async/write_async (_prune_stream_ops -> done -> _collect), in _futures.py",
-)
 def test_children_forked_while_a_thread_loops_stream_ops(tmp_path, engine):
     """As above, with one thread queueing stream-ordered writes and reads of device memory on a
     stream of its own and synchronizing it (every byte checked) and one doing blocking I/O:
