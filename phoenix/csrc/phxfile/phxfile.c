@@ -328,6 +328,10 @@ static int ensure_open(void)
                 ((ctx_destroy_fn)(uintptr_t)c.ctx_destroy)((phx_ctx *)(uintptr_t)c.ctx);
             py_call("_c_close", 0, 0, 0);
             rc = -EPROTO;
+        } else if (rc != 0 && c.ctx && c.ctx_destroy) {
+            /* handed over, then Python raised (a signal handler's exception at its last
+             * step): the context is this library's to free */
+            ((ctx_destroy_fn)(uintptr_t)c.ctx_destroy)((phx_ctx *)(uintptr_t)c.ctx);
         }
         if (rc == 0) {
             atomic_store(&c_file_from_fd, (file_from_fd_fn)(uintptr_t)c.file_from_fd);
