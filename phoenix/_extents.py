@@ -182,17 +182,6 @@ def _check_mode(r: _Resolved, mode: str, path, file_offset, what):
         )
 
 
-class _Nothing:
-    """Stands for "no buffer to keep alive" (raw pairs) where None would mean "done"."""
-
-    @staticmethod
-    def release():
-        pass
-
-
-_NOTHING = _Nothing()
-
-
 # ---- the caller's stream --------------------------------------------------------------------
 
 

@@ -73,7 +73,7 @@ class Memory:
         else:
             from phoenix.registry import get_runtime
 
-            self.rt = get_runtime("host")  # (the host vendor's device arena)
+            self.rt = get_runtime()  # the selected vendor's (PHX_VENDOR): the host vendor's arena in CI
             self.ptr = self.rt.device_alloc(n)
             self.obj = (self.ptr, n)
 

@@ -108,6 +108,16 @@ with open(PATH, "wb") as fh:
 
 class Interrupt(Exception):
     pass
+
+
+armed = [False]
+
+
+def raising(signum, frame):
+    # once per arming, only inside the call under test: the harness's own lines are not
+    if armed[0]:
+        armed[0] = False
+        raise Interrupt()
 """
 
 
@@ -122,12 +132,7 @@ def test_a_signal_storm_over_every_call_kind_leaks_nothing(tmp_path, engine):
         engine,
         PRELUDE
         + """
-armed = [False]
-def handler(signum, frame):
-    if armed[0]:
-        armed[0] = False
-        raise Interrupt()
-signal.signal(signal.SIGALRM, handler)
+signal.signal(signal.SIGALRM, raising)
 
 f = pio.open(PATH, "r+")
 buf = np.zeros(SIZE, np.uint8)
@@ -307,12 +312,7 @@ def test_engines_interrupted_while_built_are_never_cached_or_leaked(tmp_path, en
         engine,
         PRELUDE
         + """
-armed = [False]
-def handler(signum, frame):
-    if armed[0]:  # (only inside the call: the harness's own lines are not under test)
-        armed[0] = False
-        raise Interrupt()
-signal.signal(signal.SIGALRM, handler)
+signal.signal(signal.SIGALRM, raising)
 buf = np.zeros(1 << 20, np.uint8)
 f = pio.open(PATH, "r")
 f.read_async(buf, 1 << 20, 0, 0, 0).result()

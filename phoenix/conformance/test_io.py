@@ -612,48 +612,79 @@ def test_io_keeps_order_with_callbacks(rt, mem, rng, engine, mode, tmp_path, che
 
 
 @extents
-def test_extent_past_registration_is_refused(rt, mem, rng, engine, mode, tmp_path):
-    """A registered device range with guard bytes around it: extents that start inside and
-    run past its end are refused with EFAULT (read, write, batch, read_async, write_async);
-    nothing changes, in device memory (every byte, guards included) or in the file."""
+def test_extent_past_registration_is_served_and_past_allocation_refused(rt, mem, rng, engine, mode, tmp_path):
+    """A registered device range inside a larger allocation (guard bytes around it): an
+    extent that starts inside the registration and runs on into the rest of the allocation
+    is valid memory, served (the part past the registration as unregistered memory) by
+    read, write, batch, read_async and write_async, every byte in place and nothing beside
+    it touched; one that runs past the allocation is refused with EFAULT and nothing changes,
+    in device memory (every byte, guards included) or in the file."""
     guard, n = 4096, 16 * KiB + 5
     total = guard + n + guard
     base = poisoned_device(rt, mem, total)
     reg = base + guard
     path = tmp_path / "extent.bin"
-    background = random_bytes(rng, 2 * n)
+    background = random_bytes(rng, 2 * n + 2 * guard)
     make_file(path, background)
     regs_before = pio.stats()["registrations"]
     s = mem.stream()
     assert pio.register((reg, n)) == reg
     try:
         assert pio.stats()["registrations"] == regs_before + 1
-        view = (reg, n + guard)  # a buffer claiming more than the registration
-        bad = [(0, n + 1), (n - 1, 2), (n // 2, n - n // 2 + 1), (n - 100, 4096)]  # (all inside `view`)
-        poison = np.full(total, POISON, dtype=np.uint8)
+        view = (reg, n + guard)  # the registration and the rest of its allocation
+        past = [(0, n + 1), (n - 1, 2), (n // 2, n - n // 2 + 1), (n - 100, 4096), (0, n + guard)]
         with pio.open(path, "r+") as f:
-            for boff, size in bad:
+            for boff, size in past:
                 what = f"{engine}/{mode}: extent [{boff}, +{size}) of a {n}-byte registration"
+                make_file(path, background)  # (the writes below change it)
+                for op in ("read", "read_async", "batch"):
+                    fill_device(rt, base, total, POISON)
+                    if op == "read":
+                        got = f.read(view, size, 100, boff)
+                    elif op == "read_async":
+                        got = f.read_async(view, size, 100, boff, s).result()
+                    else:
+                        # (two requests: a batch of one is submitted alone; the other into the front guard)
+                        got = pio.batch([(f, view, size, 100, boff, "read"), (f, (base, guard), 1, 0, 0, "read")])[0]
+                    rt.stream_synchronize(s)
+                    assert got == size, f"{what}: {op} moved {got}"
+                    want = with_extent(total, guard + boff, background[100 : 100 + size])
+                    if op == "batch":
+                        want[0] = background[0]
+                    assert_bytes(read_device(rt, base, total), want, f"{what}: device memory after {op}")
+                for op in ("write", "write_async"):
+                    make_file(path, background)
+                    data = random_bytes(rng, size)
+                    write_device(rt, reg + boff, data)
+                    if op == "write":
+                        got = f.write(view, size, 100, boff)
+                    else:
+                        got = f.write_async(view, size, 100, boff, s).result()
+                    assert got == size, f"{what}: {op} moved {got}"
+                    want = background.copy()
+                    want[100 : 100 + size] = data
+                    assert_bytes(file_bytes(path), want, f"{what}: the file after {op}")
+            make_file(path, background)
+            fill_device(rt, base, total, POISON)
+            # past the allocation: refused, whatever the buffer claims
+            over = (reg, n + guard + 2 * guard)
+            poison = np.full(total, POISON, dtype=np.uint8)
+            for boff, size in [(0, n + guard + 1), (n + guard - 1, 2), (n, guard + 4096)]:
+                what = f"{engine}/{mode}: extent [{boff}, +{size}) past the allocation's end ({n + guard} bytes on)"
                 for op in ("read", "write", "read_async", "write_async"):
                     with pytest.raises(PhxIOError) as ei:
-                        if op == "read":
-                            f.read(view, size, 100, boff)
-                        elif op == "write":
-                            f.write(view, size, 100, boff)
-                        elif op == "read_async":
-                            f.read_async(view, size, 100, boff, s)
+                        if op in ("read", "write"):
+                            getattr(f, op)(over, size, 100, boff)
                         else:
-                            f.write_async(view, size, 100, boff, s)
+                            getattr(f, op)(over, size, 100, boff, s)
                     e = ei.value
                     assert e.errno == errno.EFAULT, f"{what}: {op} raised errno {e.errno} ({e}), not EFAULT"
                     assert (e.path, e.offset, e.length) == (str(path), 100, size), f"{what}: {op}: {e}"
-                res = pio.batch([(f, view, size, 0, boff, "read"), (f, view, size, 0, boff, "write")])
+                res = pio.batch([(f, over, size, 0, boff, "read"), (f, over, size, 0, boff, "write")])
                 assert all(isinstance(x, PhxIOError) and x.errno == errno.EFAULT for x in res), f"{what}: batch {res}"
                 rt.stream_synchronize(s)
                 assert_bytes(read_device(rt, base, total), poison, f"{what}: device memory after the refusals")
                 assert_bytes(file_bytes(path), background, f"{what}: the file after the refusals")
-            # the extent ending exactly at the registration's end is fine
-            assert f.read(view, 1000, 5, n - 1000) == 1000
             assert f.read((reg, n), n, 0) == n
         got = read_device(rt, base, total)
         assert_bytes(

@@ -213,9 +213,6 @@ PyMODINIT_FUNC PyInit__phxcalls(void)
     for (size_t i = 0; i < sizeof(functions) / sizeof(functions[0]); i++)
         if (PyModule_AddFunctions(m, functions[i]) < 0)
             goto fail;
-    if (PyModule_AddIntConstant(m, "GATE_PLAIN", GATE_PLAIN) < 0 || PyModule_AddIntConstant(m, "GATE_FILE", GATE_FILE) < 0 ||
-        PyModule_AddIntConstant(m, "GATE_CTX", GATE_CTX) < 0)
-        goto fail;
     return m;
 fail:
     Py_DECREF(m);

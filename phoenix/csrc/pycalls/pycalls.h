@@ -50,7 +50,7 @@ int need_bound(void);
 /* Bumped in a forked child: objects made before it belong to the parent. */
 unsigned long gen_now(void);
 
-enum { GATE_PLAIN = 0, GATE_FILE = 1, GATE_CTX = 2 };
+enum { GATE_FILE = 1, GATE_CTX = 2 };
 
 typedef struct {
     PyObject_HEAD

@@ -26,40 +26,6 @@ static void gate_fresh(Gate *g)
     pthread_mutex_unlock(&gate_fresh_mu);
 }
 
-static int gate_init(Gate *self, PyObject *args, PyObject *kw)
-{
-    static char *names[] = {"value", "what", "kind", "handle", NULL};
-    PyObject *value = Py_None, *what = NULL;
-    int kind = GATE_PLAIN;
-    unsigned long long handle = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OUiK", names, &value, &what, &kind, &handle))
-        return -1;
-    if (kind < GATE_PLAIN || kind > GATE_CTX) {
-        PyErr_SetString(PyExc_ValueError, "Gate: kind must be 0, 1 or 2");
-        return -1;
-    }
-    if (kind != GATE_PLAIN && need_bound() < 0)
-        return -1;
-    if (self->value) {
-        PyErr_SetString(PyExc_RuntimeError, "Gate: already initialized");
-        return -1;
-    }
-    pthread_mutex_init(&self->mu, NULL);
-    pthread_cond_init(&self->cv, NULL);
-    atomic_store(&self->gen, gen_now());
-    self->handle_gen = gen_now();
-    self->kind = kind;
-    self->handle = (void *)(uintptr_t)handle;
-    Py_INCREF(value);
-    self->value = value;
-    if (!what)
-        what = PyUnicode_FromString("closed");
-    else
-        Py_INCREF(what);
-    self->what = what;
-    return 0;
-}
-
 /* 1 entered, 0 closed. */
 int gate_try_enter(Gate *g)
 {
@@ -83,10 +49,6 @@ void gate_leave(Gate *g)
 
 static PyObject *gate_enter_py(Gate *self, PyObject *unused)
 {
-    if (!self->value) {
-        PyErr_SetString(PyExc_RuntimeError, "Gate: not initialized");
-        return NULL;
-    }
     if (!gate_try_enter(self)) {
         PyErr_SetObject(PyExc_ValueError, self->what);
         return NULL;
@@ -238,16 +200,14 @@ PyTypeObject GateType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "phoenix._phxcalls.Gate",
     .tp_basicsize = sizeof(Gate),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Gate(value=None, what='closed', kind=0, handle=0): counted entry, closed once, in C.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)gate_init,
+    .tp_doc = "A counted entry owning a C file or context, closed once, in C (made by ctx_open / file_open).",
     .tp_dealloc = (destructor)gate_dealloc,
     .tp_methods = gate_methods,
     .tp_getset = gate_getset,
     .tp_members = gate_members,
 };
 
-/* A Gate owning a handle just made (value: the handle's address). */
+/* A Gate owning a handle just made (value: the handle's address): the only way one is made. */
 static PyObject *gate_owning(int kind, void *handle, PyObject *what)
 {
     PyObject *value = PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)handle);
