@@ -69,7 +69,7 @@ CAPABILITIES: dict[str, str] = {
     "io_stream_ordering": "read_async/write_async keep stream order with copies and host callbacks",
     "io_caller_stream": "blocking calls and futures run after work queued on the caller's stream (raw handles, "
     "default and side streams, torch and CuPy current streams)",
-    "io_extents": "an extent past its registration or allocation: EFAULT, nothing written (guards checked)",
+    "io_extents": "an extent past its allocation: EFAULT, nothing written; past a registration into valid memory: served (guards checked)",
     "io_errors": "closed file, wrong open mode, ENOSPC, bad arguments: PhxIOError naming file, offset, length",
 }
 
