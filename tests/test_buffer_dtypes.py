@@ -129,7 +129,7 @@ print("DONE", flush=True)
 def test_buffers_of_objects_are_refused_with_a_type_error(tmp_path):
     env = dict(os.environ, PHX_VENDOR="host")
     p = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path / "dtypes.bin")],
+        [sys.executable, "-P", "-c", SCRIPT, str(tmp_path / "dtypes.bin")],
         capture_output=True,
         text=True,
         timeout=300,

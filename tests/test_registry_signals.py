@@ -24,7 +24,7 @@ BOUND_S = 30  # a deadlock runs into it; the bodies take a few seconds
 def run_python(code: str, env: dict | None = None, timeout: float = BOUND_S) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(code)],
+            [sys.executable, "-P", "-c", textwrap.dedent(code)],  # -P: the installed phoenix, not the tree
             capture_output=True,
             text=True,
             timeout=timeout,

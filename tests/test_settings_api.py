@@ -30,7 +30,7 @@ SUBMODULES = sorted(
 
 def run_python(code: str, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, "-P", "-c", textwrap.dedent(code)],  # -P: the installed phoenix, not the tree
         capture_output=True,
         text=True,
         timeout=timeout,
