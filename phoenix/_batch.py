@@ -76,11 +76,7 @@ def batch(requests, *, wait: bool = True, stream=None):
         return []
     if len(reqs) == 1:  # one request raises where it is refused: batch returns the error
         try:
-            futs = _submit_many(reqs, stream=stream)
+            return _submit_many(reqs, wait=wait, stream=stream)
         except Exception as exc:
             return [IOFuture.failed(exc)] if not wait else [exc]
-        if not wait:
-            return futs
-        err = futs[0].exception()
-        return [err if err is not None else futs[0].result()]
     return _submit_many(reqs, wait=wait, stream=stream)

@@ -295,7 +295,7 @@ class PhxFile:
         of this file (any handle) issued before it on the range (or one that grows the file
         into the range the read has past the file's end) is waited for on the host, queued on
         its stream or not: the read returns what it wrote."""
-        return self.pread(buf, size, file_offset, buf_offset, stream=stream, priority=priority).result()
+        return self._blocking(OP_READ, buf, size, file_offset, buf_offset, stream, priority)
 
     def write(
         self,
@@ -308,7 +308,18 @@ class PhxFile:
         priority: str = "normal",
     ) -> int:
         """Blocking :meth:`pwrite` (``priority`` as there): the byte count."""
-        return self.pwrite(buf, size, file_offset, buf_offset, stream=stream, priority=priority).result()
+        return self._blocking(OP_WRITE, buf, size, file_offset, buf_offset, stream, priority)
+
+    def _blocking(self, op, buf, size, file_offset, buf_offset, stream, priority) -> int:
+        # submitted and waited for inside one C guard, not as pread(...).result(): a future
+        # whose wait is interrupted stays alive in the traceback (its frames hold it), and
+        # its I/O would run on after read() raised
+        what = "pread" if op == OP_READ else "pwrite"
+        req = [(self, buf, size, file_offset, buf_offset, op, priority)]
+        res = _submit_many(req, what, wait=True, stream=stream)[0]
+        if isinstance(res, BaseException):
+            raise res
+        return res
 
     def read_many(
         self, buf, file_offsets, sizes, buf_offsets=None, *, check: bool = True, stream=None, priority: str = "normal"

@@ -185,6 +185,7 @@ def main() -> int:
             else:
                 mem.fill(np.full(size, POISON, np.uint8))
             raised = None
+            held.clear()
             try:
                 src.arm()
                 run(args.kind, f, mem, path, size, offs, new)
@@ -202,6 +203,9 @@ def main() -> int:
             if raised is None or args.kind in ("open_close", "register"):
                 continue
             out["interrupted"] += 1
+            for fut in held:  # (returned to the caller: theirs to wait for)
+                fut.wait()
+            held.clear()
             if args.kind in STREAM:
                 # an op whose call returned runs when its stream gets there: let it, then
                 # nothing may change any more (a call that raised queued nothing)
@@ -247,11 +251,17 @@ def main() -> int:
     return 0
 
 
+held: list = []  # futures the calls under test returned
+
+
 def run(kind, f, mem, path, size, offs, new) -> None:
     if kind == "read":
         f.read(mem.obj, size, 0)
     elif kind == "pread":
-        f.pread(mem.obj, size, 0).result()
+        # the future is the caller's once pread returned: an exception inside its result()
+        # leaves it running, the caller's to wait for (the probe does); pread itself must not
+        held.append(f.pread(mem.obj, size, 0))
+        held[-1].result()
     elif kind == "write":
         f.write(mem.obj, size, 0)
     elif kind == "read_many":
