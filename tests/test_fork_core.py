@@ -71,6 +71,19 @@ POISON = 0xA5
 def rand(n, seed):
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
 
+def looping(k, body):
+    # a thread running body() until the script's `stop`, counting into loops[k]; a failure
+    # goes to `errors` and stops them all
+    def run():
+        try:
+            while not stop.is_set():
+                body()
+                loops[k] += 1
+        except BaseException:
+            errors.append(traceback.format_exc())
+            stop.set()
+    return threading.Thread(target=run)
+
 def dev(n, data=None):
     d = rt.device_alloc(n)
     data = np.full(n, POISON, np.uint8) if data is None else data
@@ -134,16 +147,6 @@ f = pio.open(os.path.join(DIR, "parent.bin"), "w+")
 assert f.write(data) == N
 stop, errors, loops = threading.Event(), [], [0, 0, 0]
 
-def looping(k, body):
-    def run():
-        try:
-            while not stop.is_set():
-                body()
-                loops[k] += 1
-        except BaseException:
-            errors.append(traceback.format_exc())
-            stop.set()
-    return threading.Thread(target=run)
 
 buf, small = np.empty(N, np.uint8), np.empty(8 * 4096, np.uint8)
 offs = np.arange(8) * 257 * 1024 + np.arange(8)
@@ -348,16 +351,6 @@ assert lib.phxFileHandleRegister(P(fh), fd) == 0
 stop, errors, loops = threading.Event(), [], [0, 0]
 s = rt.stream_create(0)
 
-def looping(k, body):
-    def run():
-        try:
-            while not stop.is_set():
-                body()
-                loops[k] += 1
-        except BaseException:
-            errors.append(traceback.format_exc())
-            stop.set()
-    return threading.Thread(target=run)
 
 hosts = [np.empty(1 << 16, np.uint8) for _ in range(16)]
 
